@@ -1,0 +1,1 @@
+"""agentserve: agents_eval."""

@@ -1,0 +1,129 @@
+"""Async front of the engine for the gateway: the step loop runs on its own thread (torch releases the
+GIL), and each request is an async iterator of `RequestOutput` deltas. Leaving the iterator early
+(a cancelled task, a client gone) aborts the request, which frees its KV blocks at the next step."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable
+from queue import Empty, SimpleQueue
+
+from engine.llm_engine import LLMEngine, Prompt
+from engine.output import RequestOutput
+from engine.sampling import RequestError, SamplingParams
+
+log = logging.getLogger(__name__)
+
+_Item = RequestOutput | BaseException
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop failed or was shut down while the request was running."""
+
+
+class AsyncLLMEngine:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._commands: SimpleQueue[Callable[[], None]] = SimpleQueue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[_Item]]] = {}
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="agentserve-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._stopping.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        self._fail_all(EngineDeadError("engine shut down"))
+
+    async def generate(self, prompt: Prompt, params: SamplingParams,
+                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream the request's outputs; raises RequestError before the first output on bad input."""
+        if self._stopping.is_set():
+            raise EngineDeadError("engine is shut down")
+        token_ids = self.engine.validate(prompt, params)
+        request_id = request_id or f"req-{uuid.uuid4().hex}"
+        if request_id in self._streams:
+            raise RequestError(f"request id {request_id!r} is already running")
+        queue: asyncio.Queue[_Item] = asyncio.Queue()
+        self._streams[request_id] = (asyncio.get_running_loop(), queue)
+        self._submit(lambda: self._add(token_ids, params, request_id))
+        finished = False
+        try:
+            while not finished:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._submit(lambda: self.engine.abort(request_id))
+
+    def call(self, fn: Callable[[LLMEngine], None]) -> None:
+        """Run fn(engine) on the engine thread between two steps."""
+        self._submit(lambda: fn(self.engine))
+
+    def _submit(self, command: Callable[[], None]) -> None:
+        self._commands.put(command)
+        self._wake.set()
+
+    def _add(self, token_ids: list[int], params: SamplingParams, request_id: str) -> None:
+        try:
+            self.engine.add_request(token_ids, params, request_id)
+        except ValueError as error:
+            self._deliver(request_id, error)
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            self._run_commands()
+            if not self.engine.has_unfinished():
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as error:  # the loop must survive: fail the running requests, go on
+                log.exception("engine step failed")
+                self._abort_all(EngineDeadError(f"engine step failed: {error}"))
+                continue
+            for out in outputs:
+                self._deliver(out.request_id, out)
+
+    def _run_commands(self) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except Empty:
+                return
+            command()
+
+    def _deliver(self, request_id: str, item: _Item) -> None:
+        stream = self._streams.get(request_id)
+        if stream is None:
+            return
+        loop, queue = stream
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:  # the caller's event loop is closed: nobody is listening any more
+            self._streams.pop(request_id, None)
+
+    def _abort_all(self, error: BaseException) -> None:
+        for request_id in list(self._streams):
+            self.engine.abort(request_id)
+            self._deliver(request_id, error)
+
+    def _fail_all(self, error: BaseException) -> None:
+        for request_id in list(self._streams):
+            self._deliver(request_id, error)

@@ -1,0 +1,92 @@
+"""Paged attention in plain torch.
+
+KV cache of one layer: a tensor `[2, num_slots, num_kv_heads, head_dim]` (0 = keys, 1 = values), where
+slot = block_id * block_size + offset. A step's tokens are flattened: every prefill chunk first, then one
+token per decoding sequence. Each layer writes the step's new K/V into their slots, then attends over
+the slots of each sequence's whole context (cached prefix + new tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class PrefillSpan:
+    """One sequence's chunk of new tokens that are not a single-token decode."""
+
+    query_start: int  # index of the chunk's first token in the flattened step
+    query_len: int
+    context_slots: torch.Tensor  # [context_len] long: slots of the whole context, new tokens last
+    attn_mask: torch.Tensor  # [query_len, context_len] bool, True = attend
+
+    @property
+    def context_len(self) -> int:
+        return int(self.context_slots.numel())
+
+    def to(self, device: torch.device) -> PrefillSpan:
+        return PrefillSpan(self.query_start, self.query_len, self.context_slots.to(device),
+                           self.attn_mask.to(device))
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [num_tokens] long: where each new token's K/V goes
+    prefills: list[PrefillSpan]
+    decode_start: int  # tokens [decode_start:] are decodes, one per sequence
+    decode_slots: torch.Tensor | None = None  # [num_decodes, max_context] long, padded with slot 0
+    decode_mask: torch.Tensor | None = None  # [num_decodes, 1, 1, max_context] bool, True = attend
+
+    def to(self, device: torch.device) -> AttentionMetadata:
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
+        return AttentionMetadata(self.slot_mapping.to(device), [p.to(device) for p in self.prefills],
+                                 self.decode_start, move(self.decode_slots), move(self.decode_mask))
+
+
+def causal_mask(num_computed: int, query_len: int) -> torch.Tensor:
+    """Query i (absolute position num_computed + i) sees context positions 0..num_computed + i."""
+    rows = torch.arange(query_len).unsqueeze(1) + num_computed
+    cols = torch.arange(num_computed + query_len).unsqueeze(0)
+    return cols <= rows
+
+
+def new_kv_cache(num_slots: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device | str = "cpu") -> torch.Tensor:
+    return torch.zeros(2, num_slots, num_kv_heads, head_dim, dtype=dtype, device=device)
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """q: [T, H, D]; k, v: [T, KV, D]. Returns [T, H, D]."""
+    kv_cache[0].index_copy_(0, meta.slot_mapping, k)
+    kv_cache[1].index_copy_(0, meta.slot_mapping, v)
+    out = torch.empty_like(q)
+    for span in meta.prefills:
+        end = span.query_start + span.query_len
+        out[span.query_start:end] = _attend_span(q[span.query_start:end], kv_cache, span, scale)
+    if meta.decode_slots is not None:
+        out[meta.decode_start:] = _attend_decodes(q[meta.decode_start:], kv_cache, meta, scale)
+    return out
+
+
+def _attend_span(q: torch.Tensor, kv_cache: torch.Tensor, span: PrefillSpan, scale: float) -> torch.Tensor:
+    keys = kv_cache[0].index_select(0, span.context_slots).transpose(0, 1)  # [KV, L, D]
+    values = kv_cache[1].index_select(0, span.context_slots).transpose(0, 1)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=span.attn_mask,
+                                         scale=scale, enable_gqa=True)
+    return out.transpose(0, 1)
+
+
+def _attend_decodes(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
+                    scale: float) -> torch.Tensor:
+    assert meta.decode_slots is not None
+    keys = kv_cache[0][meta.decode_slots].transpose(1, 2)  # [B, KV, L, D]
+    values = kv_cache[1][meta.decode_slots].transpose(1, 2)
+    out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=meta.decode_mask,
+                                         scale=scale, enable_gqa=True)  # [B, H, 1, D]
+    return out.squeeze(2)

@@ -1,0 +1,174 @@
+"""The colocated engine: one worker doing prefill and decode. `step()` schedules, runs, and reports."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.block_manager import KVCacheManager
+from engine.config import EngineSettings
+from engine.loader import load_model
+from engine.model_runner import ModelRunner
+from engine.output import OutputProcessor, RequestOutput
+from engine.sampling import RequestError, SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+from engine.tokenizer import Tokenizer, TokenizerNotFoundError, load_tokenizer
+
+Prompt = str | list[int]
+
+
+@dataclass
+class Completion:
+    """A finished request, accumulated from its outputs."""
+
+    request_id: str
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    finish_reason: str | None = None
+    logits: list[torch.Tensor] = field(default_factory=list)
+
+    def add(self, out: RequestOutput) -> None:
+        self.token_ids += out.new_token_ids
+        self.text += out.new_text
+        self.num_prompt_tokens = out.num_prompt_tokens
+        self.num_cached_tokens = out.num_cached_tokens
+        self.finish_reason = out.finish_reason
+        self.logits += out.logits
+
+
+class LLMEngine:
+    def __init__(self, model: str, settings: EngineSettings | None = None) -> None:
+        self.settings = settings = settings or EngineSettings()
+        if settings.num_threads:
+            torch.set_num_threads(settings.num_threads)
+        dtype = getattr(torch, settings.dtype)
+        loaded = load_model(model, dtype, settings.device)
+        self.config = loaded.config
+        self.tokenizer = _load_tokenizer_or_none(loaded.checkpoint_dir)
+        self.max_model_len = self.config.max_position_embeddings
+        block_bytes = ModelRunner.kv_bytes_per_block(self.config, settings.block_size, dtype)
+        self.num_blocks = settings.num_kv_blocks or max(1, settings.kv_cache_bytes // block_bytes)
+        self.kv = KVCacheManager(self.num_blocks, settings.block_size, settings.enable_prefix_caching)
+        self.scheduler = Scheduler(self.kv, settings.max_num_batched_tokens, settings.max_num_seqs)
+        self.runner = ModelRunner(loaded.model, self.config, self.num_blocks, settings.block_size, dtype,
+                                  settings.device)
+        eos = self.config.eos_token_ids or _tuple(self.tokenizer and self.tokenizer.eos_token_id)
+        self.outputs = OutputProcessor(self.tokenizer or _NoText(), eos, self.max_model_len)
+        self._seqs: dict[str, Sequence] = {}
+        self._next_id = itertools.count()
+
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise RequestError("this model has no tokenizer; send prompt token ids instead of text")
+            return self.tokenizer.encode(prompt, add_bos=self.tokenizer.bos_token_id is not None)
+        return list(prompt)
+
+    def validate(self, prompt: Prompt, params: SamplingParams) -> list[int]:
+        """Token ids of a valid request; RequestError naming the problem otherwise."""
+        params.validate()
+        if not prompt:
+            raise RequestError("prompt is empty")
+        token_ids = self.tokenize(prompt)
+        if not all(0 <= t < self.config.vocab_size for t in token_ids):
+            raise RequestError(f"prompt token ids must be in [0, {self.config.vocab_size})")
+        if len(token_ids) >= self.max_model_len:
+            raise RequestError(f"prompt has {len(token_ids)} tokens; the model's context is "
+                               f"{self.max_model_len} tokens")
+        blocks_needed = -(-(len(token_ids) + 1) // self.settings.block_size)
+        if blocks_needed > self.num_blocks:
+            raise RequestError(f"prompt needs {blocks_needed} KV blocks; the cache has {self.num_blocks}")
+        return token_ids
+
+    def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None) -> str:
+        token_ids = self.validate(prompt, params)
+        request_id = request_id or f"req-{next(self._next_id)}"
+        if request_id in self._seqs:
+            raise RequestError(f"request id {request_id!r} is already running")
+        seq = Sequence(request_id, token_ids, params)
+        self._seqs[request_id] = seq
+        self.runner.sampler.add_request(request_id, params.seed)
+        self.scheduler.add(seq)
+        return request_id
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        seq = self._seqs.get(request_id)
+        if seq is None:
+            return None
+        self._finish(seq, "abort")
+        return self.outputs.make_output(seq, [])
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            return self._finish_unschedulable()
+        block_tables = [self.kv.block_ids(s.request_id) for s in batch.seqs]
+        result = self.runner.execute(batch, block_tables)
+        self.scheduler.update(batch, result.sampled)
+        outputs = []
+        for seq in batch.seqs:
+            if seq.request_id in result.sampled:
+                reason = self.outputs.check_stop(seq)
+                if reason is not None:
+                    self._finish(seq, reason)
+                logits = [result.logits[seq.request_id]] if seq.request_id in result.logits else []
+                outputs.append(self.outputs.make_output(seq, logits))
+        return outputs
+
+    def _finish_unschedulable(self) -> list[RequestOutput]:
+        """Nothing fits although nothing runs: the head request outgrew the whole cache alone."""
+        if self.scheduler.running or not self.scheduler.waiting or self.scheduler.waiting[0].num_preemptions == 0:
+            return []
+        seq = self.scheduler.waiting[0]
+        self._finish(seq, "length")
+        return [self.outputs.make_output(seq, [])]
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self.scheduler.finish(seq, reason)
+        self.runner.sampler.remove_request(seq.request_id)
+        del self._seqs[seq.request_id]
+
+    def get_sampling_state(self, request_id: str) -> torch.Tensor:
+        return self.runner.sampler.get_state(request_id)
+
+    def set_sampling_state(self, request_id: str, state: torch.Tensor) -> None:
+        self.runner.sampler.set_state(request_id, state)
+
+    def generate(self, prompts: Seq[Prompt], params: SamplingParams | Seq[SamplingParams]) -> list[Completion]:
+        """Run prompts to completion; results in prompt order."""
+        all_params = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        for prompt, sp in zip(prompts, all_params, strict=True):
+            self.validate(prompt, sp)
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, all_params, strict=True)]
+        results = {i: Completion(i) for i in ids}
+        while self.has_unfinished():
+            for out in self.step():
+                results[out.request_id].add(out)
+        return [results[i] for i in ids]
+
+
+def _tuple(token_id: int | None) -> tuple[int, ...]:
+    return () if token_id is None else (token_id,)
+
+
+def _load_tokenizer_or_none(checkpoint_dir: Path | None) -> Tokenizer | None:
+    """A checkpoint without tokenizer files still serves token ids (vLLM's skip_tokenizer_init)."""
+    try:
+        return load_tokenizer(checkpoint_dir)
+    except TokenizerNotFoundError:
+        return None
+
+
+class _NoText:
+    def decode(self, ids: list[int]) -> str:
+        return ""

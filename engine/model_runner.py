@@ -1,0 +1,101 @@
+"""The only place that touches tensors: builds a step's inputs from a scheduled batch, runs the model
+over the paged KV cache, and samples."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention import AttentionMetadata, PrefillSpan, causal_mask, new_kv_cache
+from engine.config import ModelConfig
+from engine.model import LlamaForCausalLM
+from engine.sampling import Sampler
+from engine.scheduler import ScheduledBatch
+from engine.sequence import Sequence
+
+
+@dataclass
+class StepResult:
+    sampled: dict[str, int]  # request id -> new token, for sequences whose chunk reached their end
+    logits: dict[str, torch.Tensor]  # request id -> [vocab] logits, for those that asked for them
+
+
+@dataclass
+class _Entry:
+    seq: Sequence
+    num_new: int
+    block_ids: list[int]
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, config: ModelConfig, num_blocks: int, block_size: int,
+                 dtype: torch.dtype, device: torch.device | str = "cpu") -> None:
+        self.model = model
+        self.config = config
+        self.block_size = block_size
+        self.device = torch.device(device)
+        self.sampler = Sampler()
+        self.kv_caches = [
+            new_kv_cache(num_blocks * block_size, config.num_key_value_heads, config.head_dim, dtype, device)
+            for _ in range(config.num_hidden_layers)
+        ]
+
+    @staticmethod
+    def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+        element = torch.empty((), dtype=dtype).element_size()
+        return 2 * config.num_hidden_layers * block_size * config.num_key_value_heads * config.head_dim * element
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch, block_tables: list[list[int]]) -> StepResult:
+        entries = [_Entry(s, n, b) for s, n, b in zip(batch.seqs, batch.num_new_tokens, block_tables, strict=True)]
+        entries.sort(key=lambda e: e.num_new == 1)  # prefill chunks first, then single-token decodes
+        input_ids, positions, meta = self._prepare(entries)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        ends = torch.tensor([e.num_new for e in entries]).cumsum(0) - 1
+        sampling = [i for i, e in enumerate(entries) if e.seq.num_computed_tokens + e.num_new == e.seq.num_tokens]
+        if not sampling:
+            return StepResult({}, {})
+        logits = self.model.compute_logits(hidden[ends[sampling]])
+        seqs = [entries[i].seq for i in sampling]
+        tokens = self.sampler.sample(logits, [s.request_id for s in seqs], [s.params for s in seqs])
+        return StepResult(
+            sampled={s.request_id: t for s, t in zip(seqs, tokens, strict=True)},
+            logits={s.request_id: logits[row].clone() for row, s in enumerate(seqs) if s.params.return_logits},
+        )
+
+    def _slots(self, block_ids: list[int], start: int, end: int) -> torch.Tensor:
+        positions = torch.arange(start, end)
+        table = torch.tensor(block_ids, dtype=torch.long)
+        return table[positions // self.block_size] * self.block_size + positions % self.block_size
+
+    def _prepare(self, entries: list[_Entry]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        ids: list[int] = []
+        positions: list[torch.Tensor] = []
+        slot_mapping: list[torch.Tensor] = []
+        prefills: list[PrefillSpan] = []
+        decode_context: list[torch.Tensor] = []
+        for entry in entries:
+            start = entry.seq.num_computed_tokens
+            end = start + entry.num_new
+            ids.extend(entry.seq.all_token_ids[start:end])
+            positions.append(torch.arange(start, end))
+            context = self._slots(entry.block_ids, 0, end)
+            slot_mapping.append(context[start:])
+            if entry.num_new == 1:
+                decode_context.append(context)
+            else:
+                prefills.append(PrefillSpan(len(ids) - entry.num_new, entry.num_new, context,
+                                            causal_mask(start, entry.num_new)))
+        meta = AttentionMetadata(torch.cat(slot_mapping), prefills, len(ids) - len(decode_context))
+        if decode_context:
+            meta.decode_slots, meta.decode_mask = _pad_decodes(decode_context)
+        to = self.device
+        return torch.tensor(ids, device=to), torch.cat(positions).to(to), meta.to(to)
+
+
+def _pad_decodes(contexts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    lengths = torch.tensor([c.numel() for c in contexts])
+    slots = torch.nn.utils.rnn.pad_sequence(contexts, batch_first=True)
+    mask = torch.arange(slots.shape[1]).unsqueeze(0) < lengths.unsqueeze(1)
+    return slots, mask[:, None, None, :]

@@ -1,0 +1,101 @@
+"""Per-step request outputs: incremental detokenization and stop conditions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from engine.sequence import Sequence
+
+
+class Detokenizer(Protocol):
+    def decode(self, ids: list[int]) -> str: ...
+
+
+@dataclass
+class RequestOutput:
+    """What one step produced for one request: deltas since the previous output."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort"
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    logits: list[torch.Tensor] = field(default_factory=list)
+
+
+@dataclass
+class _TextState:
+    text: str = ""  # full decoded output, truncated at a stop string
+    emitted_chars: int = 0
+    emitted_tokens: int = 0
+
+
+class OutputProcessor:
+    """Decides when a sequence stops and turns its progress into `RequestOutput` deltas.
+
+    Text is held back while it could still be the start of a stop string or ends inside a multi-byte
+    character, so streamed text never has to be taken back.
+    """
+
+    def __init__(self, tokenizer: Detokenizer, eos_token_ids: tuple[int, ...], max_model_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.eos_token_ids = set(eos_token_ids)
+        self.max_model_len = max_model_len
+        self._states: dict[str, _TextState] = {}
+
+    def check_stop(self, seq: Sequence) -> str | None:
+        """Finish reason after the sequence's newest token, or None to go on."""
+        state = self._states.setdefault(seq.request_id, _TextState())
+        token = seq.output_token_ids[-1]
+        text = self.tokenizer.decode(seq.output_token_ids)
+        stop_at = _find_stop(text, seq.params.stop, len(state.text))
+        state.text = text if stop_at is None else text[:stop_at]
+        if stop_at is not None or token in seq.params.stop_token_ids:
+            return "stop"
+        if token in self.eos_token_ids and not seq.params.ignore_eos:
+            return "stop"
+        if len(seq.output_token_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def make_output(self, seq: Sequence, logits: list[torch.Tensor]) -> RequestOutput:
+        state = self._states.setdefault(seq.request_id, _TextState())
+        visible = len(state.text) if seq.is_finished else _stable_length(state.text, seq.params.stop)
+        new_text = state.text[state.emitted_chars:visible] if visible > state.emitted_chars else ""
+        state.emitted_chars = max(state.emitted_chars, visible)
+        new_tokens = seq.output_token_ids[state.emitted_tokens:]
+        state.emitted_tokens = len(seq.output_token_ids)
+        if seq.is_finished:
+            del self._states[seq.request_id]
+        return RequestOutput(seq.request_id, new_tokens, new_text, seq.is_finished, seq.finish_reason,
+                             seq.num_prompt_tokens, seq.num_cached_tokens or 0, logits)
+
+
+def _find_stop(text: str, stops: list[str], checked_upto: int) -> int | None:
+    """Index of the earliest stop string that ends after `checked_upto`, or None."""
+    found = None
+    for stop in stops:
+        index = text.find(stop, max(0, checked_upto - len(stop) + 1))
+        if index >= 0 and (found is None or index < found):
+            found = index
+    return found
+
+
+def _stable_length(text: str, stops: list[str]) -> int:
+    """How much of text can be streamed now: no partial stop string, no unfinished character."""
+    end = len(text.rstrip("\ufffd"))
+    held = max((_partial_stop_size(text[:end], stop) for stop in stops), default=0)
+    return end - held
+
+
+def _partial_stop_size(text: str, stop: str) -> int:
+    """Length of the longest proper prefix of stop that text ends with."""
+    for size in range(min(len(stop) - 1, len(text)), 0, -1):
+        if text.endswith(stop[:size]):
+            return size
+    return 0

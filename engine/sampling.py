@@ -1,0 +1,85 @@
+"""Sampling parameters and the sampler. Every request owns a `torch.Generator` whose state can be
+saved and restored, so a request moved to another process continues with the same tokens."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+
+import torch
+
+
+class RequestError(ValueError):
+    """A request the engine refuses; the message names the problem in one line."""
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0  # 0 means greedy
+    top_k: int | None = None  # None: no top-k cut
+    top_p: float = 1.0
+    seed: int | None = None  # None: a random seed per request
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    return_logits: bool = False  # attach each step's logits to the outputs (parity checks, debugging)
+
+    def validate(self) -> None:
+        checks = [
+            (self.max_tokens >= 1, f"max_tokens must be at least 1, got {self.max_tokens}"),
+            (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
+            (self.top_k is None or self.top_k >= 1, f"top_k must be >= 1, got {self.top_k}"),
+            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (all(self.stop), "stop strings must not be empty"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise RequestError(message)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+class Sampler:
+    """Per-request generators plus batched sampling of one token per row of logits."""
+
+    def __init__(self) -> None:
+        self._generators: dict[str, torch.Generator] = {}
+
+    def add_request(self, request_id: str, seed: int | None) -> None:
+        generator = torch.Generator()
+        generator.manual_seed(secrets.randbits(63) if seed is None else seed)
+        self._generators[request_id] = generator
+
+    def remove_request(self, request_id: str) -> None:
+        self._generators.pop(request_id, None)
+
+    def get_state(self, request_id: str) -> torch.Tensor:
+        return self._generators[request_id].get_state()
+
+    def set_state(self, request_id: str, state: torch.Tensor) -> None:
+        self._generators[request_id].set_state(state)
+
+    def sample(self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]) -> list[int]:
+        """logits: [N, vocab] float32, row i for request_ids[i]."""
+        tokens = logits.argmax(dim=-1).tolist()
+        for row, (request_id, p) in enumerate(zip(request_ids, params, strict=True)):
+            if not p.greedy:
+                probs = _probabilities(logits[row], p)
+                tokens[row] = int(torch.multinomial(probs, 1, generator=self._generators[request_id]))
+        return tokens
+
+
+def _probabilities(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    logits = logits / p.temperature
+    if p.top_k is not None and p.top_k < logits.numel():
+        kth = torch.topk(logits, p.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if p.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        drop_sorted = cumulative - sorted_logits.softmax(-1) >= p.top_p  # keep the first token that crosses
+        logits = logits.masked_fill(drop_sorted.scatter(0, order, drop_sorted), float("-inf"))
+    return logits.softmax(-1)

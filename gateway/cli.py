@@ -1,0 +1,99 @@
+"""The `agentserve` command. Bad input ends in one line on stderr and exit status 2, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+
+from engine.config import EngineSettings
+from engine.llm_engine import Completion, LLMEngine
+from engine.sampling import SamplingParams
+
+EXIT_BAD_INPUT = 2
+
+
+class CLIError(ValueError):
+    """Bad command-line input."""
+
+
+def _prompt_ids(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise CLIError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
+
+
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="run one request through the engine and print the result")
+    p.add_argument("--model", default="small", help="built-in model name or Hugging Face checkpoint dir")
+    prompt = p.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", help="prompt text")
+    prompt.add_argument("--prompt-ids", type=_prompt_ids, help="prompt token ids, e.g. 1,2,3")
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--repeat", type=int, default=1, help="run the same request K times in one engine")
+    p.add_argument("--json", action="store_true", help="print one JSON object per run")
+    p.set_defaults(run=_run_generate)
+
+
+def _run_generate(args: argparse.Namespace) -> None:
+    if args.repeat < 1:
+        raise CLIError(f"--repeat must be at least 1, got {args.repeat}")
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, seed=args.seed, stop=args.stop)
+    params.validate()
+    engine = LLMEngine(args.model, EngineSettings())
+    prompt = args.prompt if args.prompt is not None else args.prompt_ids
+    for _ in range(args.repeat):
+        [result] = engine.generate([prompt], params)
+        print(json.dumps(_as_json(result)) if args.json else result.text, flush=True)
+
+
+def _as_json(result: Completion) -> dict[str, object]:
+    return {
+        "token_ids": result.token_ids,
+        "text": result.text,
+        "num_prompt_tokens": result.num_prompt_tokens,
+        "num_cached_tokens": result.num_cached_tokens,
+        "finish_reason": result.finish_reason,
+    }
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmarks (agents_eval)")
+    kinds = p.add_subparsers(dest="kind", required=True)
+    engine = kinds.add_parser("engine", help="our engine against transformers' generate")
+    from agents_eval.engine_bench import add_arguments, run
+
+    add_arguments(engine)
+    engine.set_defaults(run=run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agentserve", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_generate(sub)
+    _add_bench(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    run: Callable[[argparse.Namespace], None] = args.run
+    try:
+        run(args)
+    except ValueError as error:  # RequestError, ModelLoadError, TokenizerNotFoundError, CLIError
+        print(f"agentserve: error: {error}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Fixtures that write small random-weight Hugging Face checkpoints and load `transformers` references."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import transformers
+
+HF_CLASSES = {
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+}
+SHAPES = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+              bos_token_id=1, eos_token_id=2)
+
+MakeCheckpoint = Callable[..., Path]
+
+
+def randomize(model: torch.nn.Module, seed: int) -> None:
+    """Every parameter random and far from init defaults, so a misplaced norm or bias shows in the logits."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator)
+            param.copy_(1.0 + 0.1 * noise if name.endswith("norm.weight") else 0.1 * noise)
+
+
+def write_hf_checkpoint(directory: Path, arch: str, tie: bool, rope_scaling: dict[str, Any] | None,
+                        max_shard_size: str | None, seed: int) -> Path:
+    config_cls, model_cls = HF_CLASSES[arch]
+    config = config_cls(**SHAPES, tie_word_embeddings=tie, rope_scaling=rope_scaling)
+    torch.manual_seed(seed)
+    model = model_cls(config).float()
+    randomize(model, seed)
+    shards = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+    model.save_pretrained(directory, safe_serialization=True, **shards)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def make_hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> MakeCheckpoint:
+    """`make_hf_checkpoint(arch="llama", tie=False, rope_scaling=None, max_shard_size=None, seed=0) -> Path`.
+
+    arch: "llama" or "qwen2"; rope_scaling: a Hugging Face rope dict (`{"rope_type": "llama3", ...}`);
+    max_shard_size:
+    e.g. "100KB" for a sharded checkpoint with `model.safetensors.index.json`. Cached per session by
+    arguments: treat the directory as read-only (copy it to alter it).
+    """
+    made: dict[str, Path] = {}
+
+    def make(arch: str = "llama", tie: bool = False, rope_scaling: dict[str, Any] | None = None,
+             max_shard_size: str | None = None, seed: int = 0) -> Path:
+        key = json.dumps([arch, tie, rope_scaling, max_shard_size, seed], sort_keys=True)
+        if key not in made:
+            directory = tmp_path_factory.mktemp(f"hf-{arch}")
+            made[key] = write_hf_checkpoint(directory, arch, tie, rope_scaling, max_shard_size, seed)
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def load_hf_reference() -> Callable[[Path], torch.nn.Module]:
+    """`load_hf_reference(checkpoint_dir)`: the `transformers` model in float32, eval mode, eager attention."""
+    loaded: dict[Path, torch.nn.Module] = {}
+
+    def load(directory: Path) -> torch.nn.Module:
+        if directory not in loaded:
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                directory, dtype=torch.float32, attn_implementation="eager")
+            loaded[directory] = model.eval()
+        return loaded[directory]
+
+    return load

@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from engine.async_engine import AsyncLLMEngine, EngineDeadError
+from engine.config import EngineSettings
+from engine.llm_engine import LLMEngine
+from engine.sampling import RequestError, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[AsyncLLMEngine]:
+    async_engine = AsyncLLMEngine(LLMEngine("tiny", EngineSettings(num_kv_blocks=256)))
+    async_engine.start()
+    yield async_engine
+    async_engine.shutdown()
+
+
+async def collect(engine: AsyncLLMEngine, prompt: str, params: SamplingParams) -> tuple[list[int], str]:
+    tokens: list[int] = []
+    text = ""
+    async for out in engine.generate(prompt, params):
+        tokens += out.new_token_ids
+        text += out.new_text
+    return tokens, text
+
+
+async def test_concurrent_streams_match_the_sync_engine(engine: AsyncLLMEngine) -> None:
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    prompts = ["first agent", "second agent says more", "third"]
+    results = await asyncio.gather(*(collect(engine, p, params) for p in prompts))
+    reference = LLMEngine("tiny", EngineSettings(num_kv_blocks=256)).generate(prompts, params)
+    assert [r[0] for r in results] == [c.token_ids for c in reference]
+    assert [r[1] for r in results] == [c.text for c in reference]
+
+
+async def test_leaving_the_stream_aborts_and_frees_blocks(engine: AsyncLLMEngine) -> None:
+    free_before = engine.engine.kv.num_free_blocks
+    stream = engine.generate("a long answer", SamplingParams(max_tokens=500, ignore_eos=True))
+    first = await anext(stream)
+    assert not first.finished
+    await stream.aclose()  # what a disconnected client's cancelled task does
+    for _ in range(200):
+        if not engine.engine.has_unfinished():
+            break
+        await asyncio.sleep(0.01)
+    assert not engine.engine.has_unfinished()
+    assert engine.engine.kv.num_free_blocks == free_before
+
+
+async def test_cancelled_task_aborts(engine: AsyncLLMEngine) -> None:
+    task = asyncio.create_task(collect(engine, "cancel me", SamplingParams(max_tokens=500, ignore_eos=True)))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(200):
+        if not engine.engine.has_unfinished():
+            break
+        await asyncio.sleep(0.01)
+    assert not engine.engine.has_unfinished()
+
+
+async def test_bad_request_raises_before_streaming(engine: AsyncLLMEngine) -> None:
+    with pytest.raises(RequestError, match="prompt is empty"):
+        await collect(engine, "", SamplingParams())
+
+
+async def test_duplicate_request_id_fails_only_the_duplicate(engine: AsyncLLMEngine) -> None:
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    first = engine.generate("same id", params, request_id="dup")
+    await anext(first)
+    with pytest.raises(RequestError, match="already running"):
+        async for _ in engine.generate("same id", params, request_id="dup"):
+            pass
+    await first.aclose()
+
+
+async def test_generate_after_shutdown_fails() -> None:
+    stopped = AsyncLLMEngine(LLMEngine("tiny", EngineSettings(num_kv_blocks=16)))
+    stopped.start()
+    stopped.shutdown()
+    with pytest.raises(EngineDeadError):
+        await collect(stopped, "hello", SamplingParams())
