@@ -70,7 +70,7 @@ class SentencePieceTokenizer:
 
 
 class HFTokenizer:
-    """A Hugging Face `tokenizer.json`; special tokens are added by `add_bos` only, never by its template."""
+    """A Hugging Face `tokenizer.json`: encode adds no special token but bos on request, decode drops them."""
 
     def __init__(self, tokenizer: tokenizers.Tokenizer, bos_token_id: int | None,
                  eos_token_id: int | None) -> None:
@@ -142,7 +142,7 @@ def _read_json_object(path: Path) -> dict[str, Any]:
 def _sp_token_to_id(processor: spm.SentencePieceProcessor) -> Callable[[str], int | None]:
     def token_to_id(piece: str) -> int | None:
         token_id = int(processor.piece_to_id(piece))
-        return None if token_id == processor.unk_id() and piece != processor.id_to_piece(token_id) else token_id
+        return token_id if processor.id_to_piece(token_id) == piece else None
     return token_to_id
 
 

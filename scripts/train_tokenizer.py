@@ -22,9 +22,9 @@ import io
 import json
 import random
 from collections.abc import Callable, Iterator
-from typing import Any
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import sentencepiece as spm
 
@@ -36,7 +36,7 @@ VOCAB_SIZE = 4096
 SEED = 20240517
 SAMPLE = '  def step(self):\n\treturn {"tool": "click", "id": 1234}  # é 中文 🙂\n'
 
-TRAINER_OPTIONS = {
+TRAINER_OPTIONS: dict[str, Any] = {
     "model_type": "bpe",
     "vocab_size": VOCAB_SIZE,
     "unk_id": 0,
@@ -83,12 +83,13 @@ TASKS = (
     "Write a Python function that deduplicates a list while keeping order, with tests.",
     "Post a comment on the merge request saying the benchmark numbers look good.",
 )
-CITIES = "Boston Denver Paris Berlin Tokyo Seattle Austin Toronto Madrid Singapore Oslo Lisbon".split()
-WORDS = ("agent session turn cache block token prefill decode worker request latency queue order product "
-         "customer invoice report config deploy server client browser page button link form field table "
-         "review price rating cart account profile settings repository branch commit test build").split()
-PRODUCTS = ("Blue Cotton T-Shirt|Wireless Mouse|Stainless Steel Water Bottle|USB-C Charging Cable|"
-            "Noise Cancelling Headphones|Running Shoes|Ceramic Coffee Mug|Mechanical Keyboard|Desk Lamp").split("|")
+CITIES = ("Boston", "Denver", "Paris", "Berlin", "Tokyo", "Seattle", "Austin", "Toronto", "Madrid", "Oslo")
+WORDS = ("agent", "session", "turn", "cache", "block", "token", "prefill", "decode", "worker", "request",
+         "latency", "queue", "order", "product", "customer", "invoice", "report", "config", "deploy",
+         "server", "client", "browser", "page", "button", "link", "form", "field", "table", "review",
+         "price", "rating", "cart", "account", "profile", "settings", "repository", "branch", "commit")
+PRODUCTS = ("Blue Cotton T-Shirt", "Wireless Mouse", "Stainless Steel Water Bottle", "USB-C Charging Cable",
+            "Noise Cancelling Headphones", "Running Shoes", "Ceramic Coffee Mug", "Mechanical Keyboard")
 THOUGHTS = (
     "I need to {verb} the {noun} first, then check the {noun2}.",
     "The {noun} is not on this page. I will {verb} the {noun2} instead.",
@@ -96,7 +97,7 @@ THOUGHTS = (
     "The previous step failed with an error, so let me {verb} the {noun} again.",
     "Let me look at the {noun} to understand how the {noun2} is used.",
 )
-VERBS = "open inspect update search filter click read check compare restart".split()
+VERBS = ("open", "inspect", "update", "search", "filter", "click", "read", "check", "compare", "restart")
 A11Y_ROLES = ("link", "button", "textbox", "StaticText", "heading", "combobox", "checkbox", "menuitem",
               "gridcell", "img", "tab", "listitem")
 A11Y_PROPS = ("", "", " focused: True", " required: False", " expanded: False", " checked: false",
@@ -117,11 +118,12 @@ def pick_text(rng: random.Random, template: str) -> str:
 
 def a_path(rng: random.Random) -> str:
     folder = rng.choice(("src", "tests", "app", "engine", "gateway", "docs", "scripts"))
-    return f"{folder}/{rng.choice(WORDS)}_{rng.choice(WORDS)}{rng.choice(('.py', '.json', '.md', '.yaml', '.sh'))}"
+    suffix = rng.choice((".py", ".json", ".md", ".yaml", ".sh"))
+    return f"{folder}/{rng.choice(WORDS)}_{rng.choice(WORDS)}{suffix}"
 
 
 def a_url(rng: random.Random) -> str:
-    host = rng.choice(("shop.example.com", "gitlab.internal", "localhost:7770", "en.wikipedia.org", "api.example.org"))
+    host = rng.choice(("shop.example.com", "gitlab.internal", "localhost:7770", "en.wikipedia.org"))
     return f"https://{host}/{rng.choice(WORDS)}/{rng.choice(WORDS)}/{rng.randint(1, 99999)}"
 
 
@@ -163,8 +165,8 @@ def sql_tool(rng: random.Random) -> tuple[str, dict[str, object], object]:
 
 def weather_tool(rng: random.Random) -> tuple[str, dict[str, object], object]:
     city = rng.choice(CITIES)
-    days = [{"date": f"2024-06-{day:02d}", "high_c": round(rng.uniform(8, 31), 1), "rain_mm": rng.randint(0, 20)}
-            for day in range(10, 13)]
+    days = [{"date": f"2024-06-{day:02d}", "high_c": round(rng.uniform(8, 31), 1),
+             "rain_mm": rng.randint(0, 20)} for day in range(10, 13)]
     return "get_weather", {"city": city, "days": 3, "units": "metric"}, {"city": city, "forecast": days}
 
 
@@ -178,7 +180,8 @@ def agent_session(rng: random.Random) -> str:
         name, args, result = rng.choice(TOOLS)(rng)
         call_id = f"call_{rng.getrandbits(48):012x}"
         call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
-        messages.append({"role": "assistant", "content": pick_text(rng, rng.choice(THOUGHTS)), "tool_calls": [call]})
+        thought = pick_text(rng, rng.choice(THOUGHTS))
+        messages.append({"role": "assistant", "content": thought, "tool_calls": [call]})
         messages.append({"role": "tool", "tool_call_id": call_id, "content": json.dumps(result)})
     messages.append({"role": "assistant", "content": "Done. " + pick_text(rng, rng.choice(THOUGHTS))})
     return rng.choice((render_request, render_chatml))(rng, messages)
@@ -208,14 +211,15 @@ def a11y_tree(rng: random.Random, rows: int) -> str:
     for _ in range(rows):
         node += rng.randint(1, 9)
         name = rng.choice((rng.choice(PRODUCTS), rng.choice(WORDS).title(), f"${rng.uniform(1, 500):.2f}"))
-        lines.append("\t" * rng.randint(1, 4) + f"[{node}] {rng.choice(A11Y_ROLES)} '{name}'{rng.choice(A11Y_PROPS)}")
+        indent = "\t" * rng.randint(1, 4)
+        lines.append(f"{indent}[{node}] {rng.choice(A11Y_ROLES)} '{name}'{rng.choice(A11Y_PROPS)}")
     return "\n".join(lines)
 
 
 def html_page(rng: random.Random) -> str:
     lines = ["<!DOCTYPE html>", '<html lang="en">', f"<head><title>{rng.choice(PRODUCTS)}</title></head>",
-             "<body>", '  <form action="/search" method="get"><input type="text" name="q" aria-label="Search">'
-             "</form>", '  <ul class="product-list">']
+             "<body>", '  <form action="/search"><input type="text" name="q" aria-label="Search"></form>',
+             '  <ul class="product-list">']
     for _ in range(rng.randint(2, 6)):
         lines.append(f'    <li class="item" data-id="{rng.randint(1, 9999)}"><a href="{a_url(rng)}">'
                      f'{rng.choice(PRODUCTS)}</a> <span class="price">${rng.uniform(2, 300):.2f}</span></li>')
@@ -233,21 +237,24 @@ def log_lines(rng: random.Random, count: int) -> str:
         moment = next(clock)
         level = rng.choice(("INFO", "INFO", "DEBUG", "WARNING", "ERROR"))
         if rng.random() < 0.3:
-            lines.append(f'127.0.0.1 - - [{moment:%d/%b/%Y:%H:%M:%S} +0000] "POST /v1/chat/completions HTTP/1.1" '
-                         f"{rng.choice((200, 200, 429, 500))} {rng.randint(80, 9000)}")
+            request = f'"POST /v1/chat/completions HTTP/1.1" {rng.choice((200, 200, 429, 500))}'
+            size = rng.randint(80, 9000)
+            lines.append(f"127.0.0.1 - - [{moment:%d/%b/%Y:%H:%M:%S} +0000] {request} {size}")
             continue
-        fields = (f"session={rng.getrandbits(32):08x} step={rng.randint(1, 99999)} running={rng.randint(0, 64)} "
-                  f"kv_usage={rng.random():.3f} latency_ms={rng.uniform(0.1, 900):.1f}")
-        lines.append(f"{moment.isoformat(timespec='milliseconds')}Z {level:<7} {rng.choice(LOGGERS)} {fields}")
+        fields = (f"session={rng.getrandbits(32):08x} step={rng.randint(1, 99999)} "
+                  f"running={rng.randint(0, 64)} kv_usage={rng.random():.3f} "
+                  f"latency_ms={rng.uniform(0.1, 900):.1f}")
+        stamp = moment.isoformat(timespec="milliseconds")
+        lines.append(f"{stamp}Z {level:<7} {rng.choice(LOGGERS)} {fields}")
     return "\n".join(lines)
 
 
 def traceback_text(rng: random.Random) -> str:
-    frames = [f'  File "/srv/agentserve/{a_path(rng)}", line {rng.randint(1, 900)}, in {rng.choice(WORDS)}_'
-              f"{rng.choice(VERBS)}\n    result = self.{rng.choice(VERBS)}({rng.choice(WORDS)}, timeout={rng.randint(1, 60)})"
+    frames = [f'  File "/srv/agentserve/{a_path(rng)}", line {rng.randint(1, 900)}, in {rng.choice(VERBS)}\n'
+              f"    result = self.{rng.choice(VERBS)}({rng.choice(WORDS)}, timeout={rng.randint(1, 60)})"
               for _ in range(rng.randint(1, 4))]
     error = rng.choice(("KeyError: 'session_id'", "TimeoutError: decode step exceeded 30s",
-                        "ValueError: block hash mismatch", "ConnectionResetError: [Errno 104] Connection reset by peer"))
+                        "ValueError: block hash mismatch", "ConnectionResetError: [Errno 104]"))
     return "\n".join(["Traceback (most recent call last):", *frames, error])
 
 
@@ -257,8 +264,8 @@ def shell_session(rng: random.Random) -> str:
         lines.append(rng.choice((
             f"-rw-r--r--  1 agent agent {rng.randint(10, 99999):>6} Jun {rng.randint(1, 30):>2} "
             f"{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d} {a_path(rng)}",
-            f"{rng.getrandbits(28):07x} {rng.choice(VERBS).title()} {rng.choice(WORDS)} {rng.choice(WORDS)} handling",
-            f"{a_path(rng)}:{rng.randint(1, 500)}: {rng.choice(WORDS)} = {rng.choice(WORDS)}({rng.randint(0, 99)})",
+            f"{rng.getrandbits(28):07x} {rng.choice(VERBS).title()} {rng.choice(WORDS)} {rng.choice(WORDS)}",
+            f"{a_path(rng)}:{rng.randint(1, 500)}: {rng.choice(WORDS)} = {rng.choice(VERBS)}()",
             f"{rng.randint(1, 200)} passed, {rng.randint(0, 3)} failed in {rng.uniform(0.1, 90):.2f}s",
         )))
     return "\n".join(lines)
@@ -267,8 +274,10 @@ def shell_session(rng: random.Random) -> str:
 def csv_table(rng: random.Random) -> str:
     rows = ["date,session_id,prompt_tokens,completion_tokens,ttft_ms,tpot_ms,cost_usd"]
     for day in range(rng.randint(3, 10)):
-        rows.append(f"2024-{rng.randint(1, 12):02d}-{day + 1:02d},{rng.getrandbits(32):08x},{rng.randint(10, 32000)},"
-                    f"{rng.randint(1, 2000)},{rng.uniform(5, 3000):.1f},{rng.uniform(5, 80):.2f},{rng.uniform(0, 2):.4f}")
+        tokens = f"{rng.randint(10, 32000)},{rng.randint(1, 2000)}"
+        timings = f"{rng.uniform(5, 3000):.1f},{rng.uniform(5, 80):.2f},{rng.uniform(0, 2):.4f}"
+        date = f"2024-{rng.randint(1, 12):02d}-{day + 1:02d}"
+        rows.append(f"{date},{rng.getrandbits(32):08x},{tokens},{timings}")
     return "\n".join(rows)
 
 
@@ -335,7 +344,8 @@ def corpus_lines(files: list[Path]) -> Iterator[str]:
 def train(files: list[Path]) -> bytes:
     model = io.BytesIO()
     spm.set_random_generator_seed(SEED)
-    spm.SentencePieceTrainer.train(sentence_iterator=corpus_lines(files), model_writer=model, **TRAINER_OPTIONS)
+    spm.SentencePieceTrainer.train(sentence_iterator=corpus_lines(files), model_writer=model,
+                                   **TRAINER_OPTIONS)
     return model.getvalue()
 
 
@@ -344,17 +354,22 @@ def summary(files: list[Path], model: bytes) -> str:
     text = "\n".join(path.read_text(encoding="utf-8") for path in files)
     num_bytes, num_tokens = len(text.encode("utf-8")), len(sp.encode(text))
     ids = sp.encode(SAMPLE)
+    digest = hashlib.sha256(model).hexdigest()
+    specials = f"unk={sp.unk_id()} bos={sp.bos_id()} eos={sp.eos_id()} pad={sp.pad_id()}"
+    round_trip = "ok" if sp.decode(ids) == SAMPLE else "FAILED"
     return "\n".join([
-        f"wrote {MODEL_PATH.relative_to(REPO_ROOT)}: {len(model)} bytes, sha256 {hashlib.sha256(model).hexdigest()}",
-        f"vocab {sp.get_piece_size()}: unk={sp.unk_id()} bos={sp.bos_id()} eos={sp.eos_id()} pad={sp.pad_id()}",
-        f"corpus: {len(files)} files, {num_bytes} bytes, {num_tokens} tokens, {num_bytes / num_tokens:.2f} bytes/token",
-        f"sample {SAMPLE!r} -> {len(ids)} tokens, round trip {'ok' if sp.decode(ids) == SAMPLE else 'FAILED'}",
+        f"wrote {MODEL_PATH.relative_to(REPO_ROOT)}: {len(model)} bytes, sha256 {digest}",
+        f"vocab {sp.get_piece_size()}: {specials}",
+        f"corpus: {len(files)} files, {num_bytes} bytes, {num_tokens} tokens "
+        f"({num_bytes / num_tokens:.2f} bytes/token)",
+        f"sample {SAMPLE!r} -> {len(ids)} tokens, round trip {round_trip}",
         "pieces: " + " ".join(repr(sp.id_to_piece(token_id)) for token_id in ids),
     ])
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write-corpus", action="store_true",
                         help="regenerate configs/tokenizer/corpus/generated_*.txt before training")
     args = parser.parse_args(argv)
