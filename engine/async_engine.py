@@ -27,7 +27,7 @@ class EngineDeadError(RuntimeError):
 class AsyncLLMEngine:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
-        self._commands: SimpleQueue[Callable[[], None]] = SimpleQueue()
+        self._commands: SimpleQueue[Callable[[], object]] = SimpleQueue()  # run for effect
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[_Item]]] = {}
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -75,7 +75,7 @@ class AsyncLLMEngine:
         """Run fn(engine) on the engine thread between two steps."""
         self._submit(lambda: fn(self.engine))
 
-    def _submit(self, command: Callable[[], None]) -> None:
+    def _submit(self, command: Callable[[], object]) -> None:
         self._commands.put(command)
         self._wake.set()
 

@@ -21,15 +21,15 @@ class PrefillSpan:
     query_start: int  # index of the chunk's first token in the flattened step
     query_len: int
     context_slots: torch.Tensor  # [context_len] long: slots of the whole context, new tokens last
-    attn_mask: torch.Tensor  # [query_len, context_len] bool, True = attend
+    attn_mask: torch.Tensor | None  # [query_len, context_len] bool, True = attend; None: plain causal
 
     @property
     def context_len(self) -> int:
         return int(self.context_slots.numel())
 
     def to(self, device: torch.device) -> PrefillSpan:
-        return PrefillSpan(self.query_start, self.query_len, self.context_slots.to(device),
-                           self.attn_mask.to(device))
+        mask = None if self.attn_mask is None else self.attn_mask.to(device)
+        return PrefillSpan(self.query_start, self.query_len, self.context_slots.to(device), mask)
 
 
 @dataclass
@@ -48,8 +48,11 @@ class AttentionMetadata:
                                  self.decode_start, move(self.decode_slots), move(self.decode_mask))
 
 
-def causal_mask(num_computed: int, query_len: int) -> torch.Tensor:
-    """Query i (absolute position num_computed + i) sees context positions 0..num_computed + i."""
+def causal_mask(num_computed: int, query_len: int) -> torch.Tensor | None:
+    """Query i (absolute position num_computed + i) sees context positions 0..num_computed + i.
+    None when nothing is cached: attention then runs its fused causal path."""
+    if num_computed == 0:
+        return None
     rows = torch.arange(query_len).unsqueeze(1) + num_computed
     cols = torch.arange(num_computed + query_len).unsqueeze(0)
     return cols <= rows
@@ -78,7 +81,7 @@ def _attend_span(q: torch.Tensor, kv_cache: torch.Tensor, span: PrefillSpan, sca
     keys = kv_cache[0].index_select(0, span.context_slots).transpose(0, 1)  # [KV, L, D]
     values = kv_cache[1].index_select(0, span.context_slots).transpose(0, 1)
     out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=span.attn_mask,
-                                         scale=scale, enable_gqa=True)
+                                         is_causal=span.attn_mask is None, scale=scale, enable_gqa=True)
     return out.transpose(0, 1)
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -54,15 +54,20 @@ class LLMEngine:
         self.tokenizer = _load_tokenizer_or_none(loaded.checkpoint_dir)
         self.max_model_len = self.config.max_position_embeddings
         block_bytes = ModelRunner.kv_bytes_per_block(self.config, settings.block_size, dtype)
-        self.num_blocks = settings.num_kv_blocks or max(1, settings.kv_cache_bytes // block_bytes)
+        self.num_blocks = settings.num_kv_blocks or self._blocks_for(settings.kv_cache_bytes // block_bytes)
         self.kv = KVCacheManager(self.num_blocks, settings.block_size, settings.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, settings.max_num_batched_tokens, settings.max_num_seqs)
         self.runner = ModelRunner(loaded.model, self.config, self.num_blocks, settings.block_size, dtype,
                                   settings.device)
-        eos = self.config.eos_token_ids or _tuple(self.tokenizer and self.tokenizer.eos_token_id)
+        eos = self.config.eos_token_ids or _tuple(self.tokenizer.eos_token_id if self.tokenizer else None)
         self.outputs = OutputProcessor(self.tokenizer or _NoText(), eos, self.max_model_len)
         self._seqs: dict[str, Sequence] = {}
         self._next_id = itertools.count()
+
+    def _blocks_for(self, affordable: int) -> int:
+        """No more blocks than max_num_seqs full-context requests can use."""
+        useful = -(-self.max_model_len // self.settings.block_size) * self.settings.max_num_seqs
+        return max(1, min(affordable, useful))
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):

@@ -103,7 +103,7 @@ def _skeleton(config: ModelConfig) -> LlamaForCausalLM:
     try:
         with torch.device("meta"):
             return LlamaForCausalLM(config)
-    except ValueError as err:
+    except (KeyError, ValueError) as err:
         raise ModelLoadError(f"unsupported model config: {err}") from err
 
 

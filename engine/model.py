@@ -22,9 +22,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        normed = F.rms_norm(x.float(), self.weight.shape, eps=self.eps)  # in float32, as Hugging Face
+        return self.weight * normed.to(x.dtype)
 
 
 def rope_type(config: ModelConfig) -> str:

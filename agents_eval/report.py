@@ -1,0 +1,92 @@
+"""Benchmark reports: `report.json` with every figure, `report.md` with markdown tables, a PNG bar chart.
+
+Shared by the benchmarks in `agents_eval`; the chart is drawn on a bare matplotlib `Figure` (Agg canvas),
+so no pyplot state or global backend is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+JSON_NAME = "report.json"
+MARKDOWN_NAME = "report.md"
+
+
+@dataclass(frozen=True)
+class Table:
+    title: str
+    headers: Sequence[str]
+    rows: Sequence[Sequence[str]]
+
+    def to_markdown(self) -> str:
+        lines = [_row(self.headers), _row(["---"] * len(self.headers))]
+        lines += [_row(row) for row in self.rows]
+        return f"## {self.title}\n\n" + "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class BarChart:
+    filename: str
+    title: str
+    ylabel: str
+    labels: Sequence[str]
+    values: Sequence[float]
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    json: Path
+    markdown: Path
+    chart: Path
+
+
+def _row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def machine_info() -> dict[str, Any]:
+    return {
+        "cpu_count": os.cpu_count(),
+        "torch_version": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "python": sys.version.split()[0],
+    }
+
+
+def markdown_document(title: str, tables: Sequence[Table]) -> str:
+    return f"# {title}\n\n" + "\n".join(table.to_markdown() for table in tables)
+
+
+def save_bar_chart(chart: BarChart, path: Path) -> None:
+    figure = Figure(figsize=(8, 4.5), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots()
+    bars = axes.bar(list(chart.labels), list(chart.values), color="tab:blue")
+    axes.bar_label(bars, fmt="%.0f")
+    axes.set_title(chart.title)
+    axes.set_ylabel(chart.ylabel)
+    axes.margins(y=0.15)
+    figure.savefig(path, dpi=120)
+
+
+def write_report(out_dir: Path, data: dict[str, Any], title: str, tables: Sequence[Table],
+                 chart: BarChart) -> ReportFiles:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = ReportFiles(out_dir / JSON_NAME, out_dir / MARKDOWN_NAME, out_dir / chart.filename)
+    files.json.write_text(json.dumps(data, indent=2) + "\n")
+    files.markdown.write_text(markdown_document(title, tables))
+    save_bar_chart(chart, files.chart)
+    return files
