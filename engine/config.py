@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIGS_DIR = REPO_ROOT / "configs"
@@ -99,9 +105,18 @@ class ModelConfig:
 
 
 class EngineSettings(BaseSettings):
-    """Engine knobs; environment variables `AGENTSERVE_ENGINE_*` override the defaults."""
+    """Engine knobs. Precedence: constructor arguments, then `AGENTSERVE_ENGINE_*` environment variables,
+    then `configs/engine.yaml` (or the file named by `AGENTSERVE_ENGINE_CONFIG`), then these defaults."""
 
-    model_config = SettingsConfigDict(env_prefix="AGENTSERVE_ENGINE_")
+    model_config = SettingsConfigDict(env_prefix="AGENTSERVE_ENGINE_", extra="forbid")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        yaml_file = os.environ.get("AGENTSERVE_ENGINE_CONFIG", str(CONFIGS_DIR / "engine.yaml"))
+        return init_settings, env_settings, YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file)
 
     block_size: int = 16
     num_kv_blocks: int | None = None  # None: derived from kv_cache_bytes
