@@ -58,6 +58,18 @@ def causal_mask(num_computed: int, query_len: int) -> torch.Tensor | None:
     return cols <= rows
 
 
+def span_mask(query_positions: torch.Tensor, context_len: int,
+              spans: list[tuple[int, int, int]]) -> torch.Tensor:
+    """Causal mask [queries, context] that also skips each (start, end, from_position) span for queries
+    at or after from_position. A query always sees itself, so no row is empty."""
+    rows = query_positions.unsqueeze(1)
+    cols = torch.arange(context_len).unsqueeze(0)
+    allowed = cols <= rows
+    for start, end, from_position in spans:
+        allowed &= ~((cols >= start) & (cols < end) & (rows >= from_position))
+    return allowed | (cols == rows)
+
+
 def new_kv_cache(num_slots: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
                  device: torch.device | str = "cpu") -> torch.Tensor:
     return torch.zeros(2, num_slots, num_kv_heads, head_dim, dtype=dtype, device=device)

@@ -10,10 +10,11 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 ExtraKeys = tuple[int | str, ...]
+BlockKeys = Callable[[int], ExtraKeys]  # block index -> the extra keys of that block
 
 
 def hash_block_tokens(parent_hash: int | None, token_ids: Sequence[int], extra_keys: ExtraKeys = ()) -> int:
@@ -56,6 +57,14 @@ class KVCacheBlock:
     block_id: int
     ref_cnt: int = 0
     block_hash: int | None = None  # set only while this block is the hash table's entry for it
+
+
+@dataclass
+class HeldBlocks:
+    """Blocks (one reference each) and their chained hashes, held by something other than a request."""
+
+    blocks: list[KVCacheBlock] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)
 
 
 class BlockPool:
@@ -141,7 +150,7 @@ class KVCacheManager:
         return [block.block_id for block in self.req_blocks.get(request_id, [])]
 
     def get_computed_blocks(
-        self, token_ids: Sequence[int], extra_keys: ExtraKeys = ()
+        self, token_ids: Sequence[int], extra_keys: ExtraKeys | BlockKeys = ()
     ) -> tuple[KVCacheBlocks, int]:
         """Longest cached prefix of full blocks, always leaving at least one token to compute."""
         if not self.enable_prefix_caching:
@@ -163,12 +172,13 @@ class KVCacheManager:
         return blocks
 
     def _block_hashes(
-        self, token_ids: Sequence[int], extra_keys: ExtraKeys, parent: int | None, start: int, stop: int
+        self, token_ids: Sequence[int], extra_keys: ExtraKeys | BlockKeys, parent: int | None, start: int, stop: int
     ) -> Iterator[int]:
         """Chained hashes of full blocks start..stop-1, lazily, so a lookup stops at its first miss."""
         size = self.block_size
         for index in range(start, stop):
-            parent = hash_block_tokens(parent, token_ids[index * size : (index + 1) * size], extra_keys)
+            keys = extra_keys(index) if callable(extra_keys) else extra_keys
+            parent = hash_block_tokens(parent, token_ids[index * size : (index + 1) * size], keys)
             yield parent
 
     def allocate_slots(
@@ -178,7 +188,7 @@ class KVCacheManager:
         num_computed_tokens: int,
         num_new_tokens: int,
         new_computed_blocks: KVCacheBlocks | None = None,
-        extra_keys: ExtraKeys = (),
+        extra_keys: ExtraKeys | BlockKeys = (),
     ) -> KVCacheBlocks | None:
         """Give the request blocks for its first num_computed + num_new tokens; None (and no change) if full.
 
@@ -204,7 +214,7 @@ class KVCacheManager:
         return blocks.block_ids if blocks is not None else ()
 
     def _cache_full_blocks(
-        self, request_id: str, token_ids: Sequence[int], num_tokens: int, extra_keys: ExtraKeys
+        self, request_id: str, token_ids: Sequence[int], num_tokens: int, extra_keys: ExtraKeys | BlockKeys
     ) -> None:
         if not self.enable_prefix_caching:
             return
@@ -216,8 +226,21 @@ class KVCacheManager:
 
     def free(self, request_id: str) -> None:
         """Drop the request's references, tail block first so prefixes outlive tails in the cache."""
-        self.req_block_hashes.pop(request_id, None)
-        self.pool.release(reversed(self.req_blocks.pop(request_id, [])))
+        self.release(self.detach(request_id))
+
+    def detach(self, request_id: str) -> HeldBlocks:
+        """Take the request's blocks and hashes away from it, references and all (e.g. to pin them)."""
+        return HeldBlocks(self.req_blocks.pop(request_id, []), self.req_block_hashes.pop(request_id, []))
+
+    def attach(self, request_id: str, held: HeldBlocks) -> None:
+        """A request without blocks takes over held blocks, references and all."""
+        if self.req_blocks.get(request_id):
+            raise ValueError(f"request {request_id} already holds blocks")
+        self.req_blocks[request_id] = held.blocks
+        self.req_block_hashes[request_id] = held.block_hashes
+
+    def release(self, held: HeldBlocks) -> None:
+        self.pool.release(reversed(held.blocks))
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash, only when no request holds a block; returns whether it did."""

@@ -111,10 +111,11 @@ class EngineSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AGENTSERVE_ENGINE_", extra="forbid")
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
-                                   env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
-                                   file_secret_settings: PydanticBaseSettingsSource,
-                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
         yaml_file = os.environ.get("AGENTSERVE_ENGINE_CONFIG", str(CONFIGS_DIR / "engine.yaml"))
         return init_settings, env_settings, YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file)
 

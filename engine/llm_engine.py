@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,11 +13,12 @@ import torch
 from engine.block_manager import KVCacheManager
 from engine.config import EngineSettings
 from engine.loader import load_model
+from engine.mask import MaskedSpan
 from engine.model_runner import ModelRunner
 from engine.output import OutputProcessor, RequestOutput
 from engine.sampling import RequestError, SamplingParams
 from engine.scheduler import Scheduler
-from engine.sequence import Sequence
+from engine.sequence import Sequence, SessionRef
 from engine.tokenizer import Tokenizer, TokenizerNotFoundError, load_tokenizer
 
 Prompt = str | list[int]
@@ -92,12 +94,17 @@ class LLMEngine:
             raise RequestError(f"prompt needs {blocks_needed} KV blocks; the cache has {self.num_blocks}")
         return token_ids
 
-    def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None) -> str:
+    def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *,
+                    masked_spans: Seq[MaskedSpan] = (), session: SessionRef | None = None) -> str:
+        """Queue a request. masked_spans: history the request's attention skips; session: the agent
+        session it is a turn of, whose KV stays pinned after it for session.ttl_s seconds."""
         token_ids = self.validate(prompt, params)
         request_id = request_id or f"req-{next(self._next_id)}"
         if request_id in self._seqs:
             raise RequestError(f"request id {request_id!r} is already running")
-        seq = Sequence(request_id, token_ids, params)
+        if any(span.end > len(token_ids) for span in masked_spans):
+            raise RequestError(f"a masked span ends past the prompt's {len(token_ids)} tokens")
+        seq = Sequence(request_id, token_ids, params, masked_spans=tuple(masked_spans), session=session)
         self._seqs[request_id] = seq
         self.runner.sampler.add_request(request_id, params.seed)
         self.scheduler.add(seq)
@@ -114,7 +121,7 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[RequestOutput]:
-        batch = self.scheduler.schedule()
+        batch = self.scheduler.schedule(time.monotonic())
         if not batch.seqs:
             return self._finish_unschedulable()
         block_tables = [self.kv.block_ids(s.request_id) for s in batch.seqs]
@@ -139,7 +146,7 @@ class LLMEngine:
         return [self.outputs.make_output(seq, [])]
 
     def _finish(self, seq: Sequence, reason: str) -> None:
-        self.scheduler.finish(seq, reason)
+        self.scheduler.finish(seq, reason, time.monotonic())
         self.runner.sampler.remove_request(seq.request_id)
         del self._seqs[seq.request_id]
 

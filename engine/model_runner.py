@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import AttentionMetadata, PrefillSpan, causal_mask, new_kv_cache
+from engine.attention import AttentionMetadata, PrefillSpan, causal_mask, new_kv_cache, span_mask
 from engine.config import ModelConfig
 from engine.model import LlamaForCausalLM
 from engine.sampling import Sampler
@@ -75,6 +75,7 @@ class ModelRunner:
         slot_mapping: list[torch.Tensor] = []
         prefills: list[PrefillSpan] = []
         decode_context: list[torch.Tensor] = []
+        decode_spans: list[list[tuple[int, int, int]]] = []
         for entry in entries:
             start = entry.seq.num_computed_tokens
             end = start + entry.num_new
@@ -84,18 +85,33 @@ class ModelRunner:
             slot_mapping.append(context[start:])
             if entry.num_new == 1:
                 decode_context.append(context)
+                decode_spans.append(_spans(entry.seq))
             else:
                 prefills.append(PrefillSpan(len(ids) - entry.num_new, entry.num_new, context,
-                                            causal_mask(start, entry.num_new)))
+                                            _prefill_mask(entry.seq, start, end)))
         meta = AttentionMetadata(torch.cat(slot_mapping), prefills, len(ids) - len(decode_context))
         if decode_context:
-            meta.decode_slots, meta.decode_mask = _pad_decodes(decode_context)
+            meta.decode_slots, meta.decode_mask = _pad_decodes(decode_context, decode_spans)
         to = self.device
         return torch.tensor(ids, device=to), torch.cat(positions).to(to), meta.to(to)
 
 
-def _pad_decodes(contexts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def _spans(seq: Sequence) -> list[tuple[int, int, int]]:
+    return [(span.start, span.end, span.from_position) for span in seq.masked_spans]
+
+
+def _prefill_mask(seq: Sequence, start: int, end: int) -> torch.Tensor | None:
+    if not seq.masked_spans:
+        return causal_mask(start, end - start)
+    return span_mask(torch.arange(start, end), end, _spans(seq))
+
+
+def _pad_decodes(contexts: list[torch.Tensor],
+                 spans: list[list[tuple[int, int, int]]]) -> tuple[torch.Tensor, torch.Tensor]:
     lengths = torch.tensor([c.numel() for c in contexts])
     slots = torch.nn.utils.rnn.pad_sequence(contexts, batch_first=True)
     mask = torch.arange(slots.shape[1]).unsqueeze(0) < lengths.unsqueeze(1)
+    for row, (length, seq_spans) in enumerate(zip(lengths.tolist(), spans, strict=True)):
+        if seq_spans:
+            mask[row, :length] &= span_mask(torch.tensor([length - 1]), length, seq_spans)[0]
     return slots, mask[:, None, None, :]

@@ -5,6 +5,8 @@ an unfinished prefill takes the next chunk), then waiting requests are admitted 
 budget, sequence slots and KV blocks last. When a running request cannot grow, the most recently
 admitted running request is preempted: its blocks are freed and it waits again at the front, to be
 recomputed from its token ids (prompt and outputs so far). No request is ever dropped or duplicated.
+Session pins (see kv_pins) give way first: an expired pin is released every step, and a live non-VIP
+pin is released before any running request is preempted.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.block_manager import KVCacheManager
+from engine.block_manager import BlockKeys, ExtraKeys, KVCacheBlocks, KVCacheManager
+from engine.kv_pins import SessionPins
+from engine.mask import block_keys
 from engine.sequence import Sequence, SequenceStatus
 
 
@@ -37,8 +41,10 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, kv: KVCacheManager, max_num_batched_tokens: int, max_num_seqs: int) -> None:
+    def __init__(self, kv: KVCacheManager, max_num_batched_tokens: int, max_num_seqs: int,
+                 pins: SessionPins | None = None) -> None:
         self.kv = kv
+        self.pins = pins or SessionPins(kv)
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.waiting: deque[Sequence] = deque()
@@ -51,7 +57,8 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> ScheduledBatch:
+    def schedule(self, now: float = 0.0) -> ScheduledBatch:
+        self.pins.expire(now)
         batch = ScheduledBatch()
         budget = self._schedule_running(batch, self.max_num_batched_tokens)
         if not batch.preempted:
@@ -72,8 +79,9 @@ class Scheduler:
 
     def _grow_or_preempt(self, seq: Sequence, num_tokens: int, batch: ScheduledBatch) -> bool:
         """Allocate room for seq, preempting from the tail of running; False if seq itself went."""
-        while self.kv.allocate_slots(seq.request_id, seq.all_token_ids, seq.num_computed_tokens,
-                                     num_tokens) is None:
+        while self._allocate(seq, seq.num_computed_tokens, num_tokens) is None:
+            if self.pins.release_one_for_memory():
+                continue
             victim = self.running.pop()
             self._preempt(victim)
             batch.preempted.append(victim)
@@ -92,19 +100,42 @@ class Scheduler:
     def _schedule_waiting(self, batch: ScheduledBatch, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            token_ids = seq.all_token_ids
-            cached_blocks, num_cached = self.kv.get_computed_blocks(token_ids)
-            num_tokens = min(seq.num_tokens - num_cached, budget)
-            if self.kv.allocate_slots(seq.request_id, token_ids, num_cached, num_tokens, cached_blocks) is None:
+            num_tokens = self._admit(seq, budget)
+            if num_tokens is None:
                 break
             self.waiting.popleft()
-            seq.num_computed_tokens = num_cached
-            if seq.num_cached_tokens is None:
-                seq.num_cached_tokens = num_cached
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             batch.add(seq, num_tokens)
             budget -= num_tokens
+
+    def _admit(self, seq: Sequence, budget: int) -> int | None:
+        """Find the KV a waiting request already has (its session's pin, else the prefix cache) and
+        allocate its first chunk; the chunk's size, or None when there is no room."""
+        token_ids = seq.all_token_ids
+        pin = self.pins.adopt(seq.session.key, seq.request_id, token_ids) if seq.session else None
+        if pin is not None:
+            cached_blocks, num_cached = None, len(pin.token_ids)
+        else:
+            cached_blocks, num_cached = self.kv.get_computed_blocks(token_ids, self._keys(seq))
+        num_tokens = min(seq.num_tokens - num_cached, budget)
+        while self._allocate(seq, num_cached, num_tokens, cached_blocks) is None:
+            if not self.pins.release_one_for_memory():
+                if pin is not None and seq.session is not None:
+                    self.pins.give_back(seq.session.key, seq.request_id, pin)
+                return None
+        seq.num_computed_tokens = num_cached
+        if seq.num_cached_tokens is None:
+            seq.num_cached_tokens = num_cached
+        return num_tokens
+
+    def _allocate(self, seq: Sequence, num_computed: int, num_tokens: int,
+                  cached_blocks: KVCacheBlocks | None = None) -> KVCacheBlocks | None:
+        return self.kv.allocate_slots(seq.request_id, seq.all_token_ids, num_computed, num_tokens, cached_blocks,
+                                      self._keys(seq))
+
+    def _keys(self, seq: Sequence) -> ExtraKeys | BlockKeys:
+        return block_keys(seq.masked_spans, self.kv.block_size)
 
     def update(self, batch: ScheduledBatch, sampled: dict[str, int]) -> None:
         """After the model ran: advance computed counts and append the sampled tokens."""
@@ -114,10 +145,15 @@ class Scheduler:
             if token is not None:
                 seq.output_token_ids.append(token)
 
-    def finish(self, seq: Sequence, reason: str) -> None:
-        """End a request (stop, length or abort) and free its blocks at once."""
+    def finish(self, seq: Sequence, reason: str, now: float = 0.0) -> None:
+        """End a request (stop, length or abort). Its blocks are freed at once, or pinned for its session
+        when a turn completed."""
         seq.finish(reason)
-        self.kv.free(seq.request_id)
+        if seq.session is not None and reason != "abort":
+            self.pins.pin(seq.session.key, seq.request_id, seq.all_token_ids[:seq.num_computed_tokens],
+                          seq.session.ttl_s, seq.session.vip, now)
+        else:
+            self.kv.free(seq.request_id)
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:

@@ -6,7 +6,17 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 
+from engine.mask import MaskedSpan
 from engine.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class SessionRef:
+    """The agent session a request is a turn of: its KV stays pinned for ttl_s after the turn."""
+
+    key: str
+    ttl_s: float
+    vip: bool = False
 
 
 class SequenceStatus(Enum):
@@ -27,6 +37,8 @@ class Sequence:
     num_preemptions: int = 0
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     arrival_time: float = field(default_factory=time.monotonic)
+    masked_spans: tuple[MaskedSpan, ...] = ()
+    session: SessionRef | None = None
 
     @property
     def all_token_ids(self) -> list[int]:
