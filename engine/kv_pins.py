@@ -48,6 +48,13 @@ class SessionPins:
         self.pins[key] = Pin(self.kv.detach(request_id), tuple(token_ids), now + ttl_s, vip)
         self.stats.pinned += 1
 
+    def set_ttl(self, key: str, ttl_s: float, now: float) -> bool:
+        """Re-time a live pin (the session learned more about its tool gap); False if none."""
+        pin = self.pins.get(key)
+        if pin is not None:
+            pin.expires_at = now + ttl_s
+        return pin is not None
+
     def unpin(self, key: str) -> None:
         pin = self.pins.pop(key, None)
         if pin is not None:

@@ -150,6 +150,10 @@ class LLMEngine:
         self.runner.sampler.remove_request(seq.request_id)
         del self._seqs[seq.request_id]
 
+    def set_session_ttl(self, key: str, ttl_s: float) -> bool:
+        """Re-time the KV pin of a session's last turn; False when it holds none."""
+        return self.scheduler.pins.set_ttl(key, ttl_s, time.monotonic())
+
     def get_sampling_state(self, request_id: str) -> torch.Tensor:
         return self.runner.sampler.get_state(request_id)
 

@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/ensure_redis.sh
 .venv/bin/ruff check .
 .venv/bin/mypy
 .venv/bin/pytest "$@"

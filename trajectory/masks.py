@@ -1,0 +1,30 @@
+"""The default sparse-history policy: keep attention sinks, the system prompt, every user and assistant
+turn and the last K tool observations; older tool observations are masked from the current position on.
+
+Rules only accumulate (a span once masked stays masked for later positions), so the KV computed under
+earlier rules stays valid and a cold run with the same rules computes the same KV.
+"""
+
+from __future__ import annotations
+
+from engine.mask import MaskedSpan
+from trajectory.session import SessionState
+from trajectory.settings import MaskSettings
+
+
+def update_masks(state: SessionState, settings: MaskSettings) -> list[MaskedSpan]:
+    """Add spans for tool observations that fell out of the last K; returns the new spans."""
+    if not settings.enabled:
+        return []
+    tool_turns = [turn for turn in state.turns if turn.role == "tool"]
+    keep = settings.keep_last_tool_observations
+    old = tool_turns[:-keep] if keep > 0 else tool_turns
+    masked = {span.start for span in state.masked_spans}
+    now = state.num_tokens
+    added = []
+    for turn in old:
+        start = max(turn.token_start, settings.sink_tokens)
+        if start < turn.token_end and start not in masked:
+            added.append(MaskedSpan(start, turn.token_end, now))
+    state.masked_spans.extend(added)
+    return added

@@ -1,0 +1,83 @@
+"""Token pruning on ingest: a tool result or observation is pruned once, when it enters the session, so the
+history stays append-only and its cached KV stays valid. Rules live in `pruning_rules`; this module holds
+the per-role and per-tool configuration (`configs/pruning.yaml`) and the `prune` entry point."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from trajectory.pruning_rules import RULE_NAMES, PruningRules, parses_as_json, prune_lines
+
+DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "pruning.yaml"
+
+RuleOverrides = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    """The pruned text, its token counts, and per rule what was removed (see `PruningRules` for units)."""
+
+    text: str
+    tokens_before: int
+    tokens_after: int
+    removed: dict[str, int]
+
+
+class PruningConfig(BaseModel):
+    """Rules for a message: `defaults`, then the overrides for its role, then those for its tool. Roles in
+    `unpruned_roles` (the system prompt, the user's instruction) are never pruned, whatever the overrides."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    unpruned_roles: frozenset[str] = frozenset({"system", "user"})
+    defaults: PruningRules = Field(default_factory=PruningRules)
+    roles: dict[str, RuleOverrides] = Field(default_factory=dict)
+    tools: dict[str, RuleOverrides] = Field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> PruningConfig:
+        """The config in `path`, by default `configs/pruning.yaml`; an unknown key is a ValidationError."""
+        data = yaml.safe_load((path or DEFAULT_CONFIG_PATH).read_text())
+        return cls.model_validate(data or {})
+
+    @model_validator(mode="after")
+    def _overrides_are_rules(self) -> PruningConfig:
+        for section, overrides in (("roles", self.roles), ("tools", self.tools)):
+            for name, override in overrides.items():
+                try:
+                    _merged(self.defaults, override)
+                except ValueError as error:
+                    raise ValueError(f"{section}.{name}: {error}") from error
+        return self
+
+    def rules_for(self, role: str, tool: str | None) -> PruningRules:
+        """The rules for a message of `role`, produced by `tool` when it is a tool result."""
+        overrides = [self.roles.get(role, {}), self.tools.get(tool, {}) if tool is not None else {}]
+        if role in self.unpruned_roles:
+            overrides.append({"enabled": False})
+        return _merged(self.defaults, *overrides)
+
+
+def _merged(defaults: PruningRules, *overrides: RuleOverrides) -> PruningRules:
+    merged = defaults.model_dump()
+    for override in overrides:
+        merged |= override
+    return PruningRules.model_validate(merged)
+
+
+def prune(text: str, role: str, tool: str | None, config: PruningConfig,
+          count_tokens: Callable[[str], int]) -> PruneResult:
+    """`text` without what carries no information for the model. Fenced code blocks, JSON and the roles in
+    `config.unpruned_roles` stay byte-identical; pruning is deterministic and `prune(prune(x)) == prune(x)`."""
+    tokens_before = count_tokens(text)
+    rules = config.rules_for(role, tool)
+    if not rules.enabled or parses_as_json(text):
+        return PruneResult(text, tokens_before, tokens_before, dict.fromkeys(RULE_NAMES, 0))
+    pruned, removed = prune_lines(text, rules)
+    return PruneResult(pruned, tokens_before, count_tokens(pruned), removed)

@@ -1,0 +1,130 @@
+"""One agent session's state and its compact serialised form (what the gateway's store keeps).
+
+Layout of `to_bytes()`: zlib-compressed JSON; each turn's token ids are packed as base64 of little-endian
+uint32, which is about a quarter of the size of a JSON list of ids. Timestamps are wall-clock seconds
+(`time.time()`), so a session restored in another process continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+import zlib
+from array import array
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from engine.mask import MaskedSpan
+from trajectory.template_incremental import RenderedTurn
+from trajectory.template_types import Message
+
+FORMAT_VERSION = 1
+
+
+@dataclass
+class TurnRecord:
+    """Where one message sits in the session's token ids, and what was done to it on ingest."""
+
+    role: str
+    token_start: int
+    token_end: int
+    tool: str | None = None  # the tool whose result this is
+    tokens_before_pruning: int | None = None  # None: not pruned
+    phase: str | None = None  # think | act, for the turn this message opened
+    confidence: float | None = None
+    at: float = 0.0
+
+    def block_range(self, block_size: int) -> tuple[int, int]:
+        """KV blocks this turn added to: [first, last + 1)."""
+        return self.token_start // block_size, -(-self.token_end // block_size)
+
+
+@dataclass
+class ToolGap:
+    """Moving average of the time between a reply calling this tool and the next turn arriving."""
+
+    ema_s: float
+    count: int = 1
+
+
+@dataclass
+class SessionState:
+    session_id: str
+    rendered: list[RenderedTurn] = field(default_factory=list)
+    turns: list[TurnRecord] = field(default_factory=list)
+    masked_spans: list[MaskedSpan] = field(default_factory=list)
+    tool_gaps: dict[str, ToolGap] = field(default_factory=dict)
+    pending_tools: list[str] = field(default_factory=list)  # tools called by the last reply
+    reply_finished_at: float | None = None
+    announced_tool: tuple[str, float, float | None] | None = None  # (name, started_at, estimated seconds)
+    prefix_stable: bool = True
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [token_id for turn in self.rendered for token_id in turn.token_ids]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(turn.token_ids) for turn in self.rendered)
+
+    @property
+    def output_lengths(self) -> list[int]:
+        return [t.token_end - t.token_start for t in self.turns if t.role == "assistant"]
+
+    def to_bytes(self) -> bytes:
+        return zlib.compress(json.dumps(self._to_json(), separators=(",", ":")).encode(), level=6)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SessionState:
+        payload = json.loads(zlib.decompress(data))
+        if payload.get("version") != FORMAT_VERSION:
+            raise ValueError(f"session format version {payload.get('version')} is not {FORMAT_VERSION}")
+        return cls(
+            session_id=payload["session_id"],
+            rendered=[_turn_from_json(t) for t in payload["rendered"]],
+            turns=[TurnRecord(**t) for t in payload["turns"]],
+            masked_spans=[MaskedSpan(*span) for span in payload["masked_spans"]],
+            tool_gaps={name: ToolGap(**gap) for name, gap in payload["tool_gaps"].items()},
+            pending_tools=payload["pending_tools"],
+            reply_finished_at=payload["reply_finished_at"],
+            announced_tool=tuple(payload["announced_tool"]) if payload["announced_tool"] else None,  # type: ignore[arg-type]
+            prefix_stable=payload["prefix_stable"],
+        )
+
+    def _to_json(self) -> dict[str, Any]:
+        return {
+            "version": FORMAT_VERSION,
+            "session_id": self.session_id,
+            "rendered": [_turn_to_json(turn) for turn in self.rendered],
+            "turns": [asdict(turn) for turn in self.turns],
+            "masked_spans": [[s.start, s.end, s.from_position] for s in self.masked_spans],
+            "tool_gaps": {name: asdict(gap) for name, gap in self.tool_gaps.items()},
+            "pending_tools": self.pending_tools,
+            "reply_finished_at": self.reply_finished_at,
+            "announced_tool": list(self.announced_tool) if self.announced_tool else None,
+            "prefix_stable": self.prefix_stable,
+        }
+
+
+def pack_ids(token_ids: tuple[int, ...] | list[int]) -> str:
+    packed = array("L" if array("I").itemsize < 4 else "I", token_ids)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return base64.b64encode(packed.tobytes()).decode()
+
+
+def unpack_ids(text: str) -> tuple[int, ...]:
+    packed = array("L" if array("I").itemsize < 4 else "I")
+    packed.frombytes(base64.b64decode(text))
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return tuple(packed)
+
+
+def _turn_to_json(turn: RenderedTurn) -> dict[str, Any]:
+    return {"message": turn.message.to_dict(), "text": turn.text, "ids": pack_ids(turn.token_ids)}
+
+
+def _turn_from_json(data: dict[str, Any]) -> RenderedTurn:
+    return RenderedTurn(Message.from_openai(data["message"]), data["text"], unpack_ids(data["ids"]))
