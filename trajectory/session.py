@@ -88,7 +88,7 @@ class SessionState:
             tool_gaps={name: ToolGap(**gap) for name, gap in payload["tool_gaps"].items()},
             pending_tools=payload["pending_tools"],
             reply_finished_at=payload["reply_finished_at"],
-            announced_tool=tuple(payload["announced_tool"]) if payload["announced_tool"] else None,  # type: ignore[arg-type]
+            announced_tool=tuple(payload["announced_tool"]) if payload["announced_tool"] else None,
             prefix_stable=payload["prefix_stable"],
         )
 
