@@ -1,17 +1,13 @@
 """One agent session's state and its compact serialised form (what the gateway's store keeps).
 
-Layout of `to_bytes()`: zlib-compressed JSON; each turn's token ids are packed as base64 of little-endian
-uint32, which is about a quarter of the size of a JSON list of ids. Timestamps are wall-clock seconds
+Layout of `to_bytes()`: zlib-compressed JSON with a format version. Timestamps are wall-clock seconds
 (`time.time()`), so a session restored in another process continues where it stopped.
 """
 
 from __future__ import annotations
 
-import base64
 import json
-import sys
 import zlib
-from array import array
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -107,24 +103,9 @@ class SessionState:
         }
 
 
-def pack_ids(token_ids: tuple[int, ...] | list[int]) -> str:
-    packed = array("L" if array("I").itemsize < 4 else "I", token_ids)
-    if sys.byteorder == "big":
-        packed.byteswap()
-    return base64.b64encode(packed.tobytes()).decode()
-
-
-def unpack_ids(text: str) -> tuple[int, ...]:
-    packed = array("L" if array("I").itemsize < 4 else "I")
-    packed.frombytes(base64.b64decode(text))
-    if sys.byteorder == "big":
-        packed.byteswap()
-    return tuple(packed)
-
-
 def _turn_to_json(turn: RenderedTurn) -> dict[str, Any]:
-    return {"message": turn.message.to_dict(), "text": turn.text, "ids": pack_ids(turn.token_ids)}
+    return {"message": turn.message.to_dict(), "text": turn.text, "ids": list(turn.token_ids)}
 
 
 def _turn_from_json(data: dict[str, Any]) -> RenderedTurn:
-    return RenderedTurn(Message.from_openai(data["message"]), data["text"], unpack_ids(data["ids"]))
+    return RenderedTurn(Message.from_openai(data["message"]), data["text"], tuple(data["ids"]))
