@@ -8,12 +8,14 @@ import asyncio
 import logging
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from queue import Empty, SimpleQueue
 
 from engine.llm_engine import LLMEngine, Prompt
+from engine.mask import MaskedSpan
 from engine.output import RequestOutput
 from engine.sampling import RequestError, SamplingParams
+from engine.sequence import SessionRef
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +45,9 @@ class AsyncLLMEngine:
             self._thread.join(timeout)
         self._fail_all(EngineDeadError("engine shut down"))
 
-    async def generate(self, prompt: Prompt, params: SamplingParams,
-                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+    async def generate(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *,
+                       masked_spans: Sequence[MaskedSpan] = (),
+                       session: SessionRef | None = None) -> AsyncIterator[RequestOutput]:
         """Stream the request's outputs; raises RequestError before the first output on bad input."""
         if self._stopping.is_set():
             raise EngineDeadError("engine is shut down")
@@ -54,7 +57,7 @@ class AsyncLLMEngine:
             raise RequestError(f"request id {request_id!r} is already running")
         queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), queue)
-        self._submit(lambda: self._add(token_ids, params, request_id))
+        self._submit(lambda: self._add(token_ids, params, request_id, masked_spans, session))
         finished = False
         try:
             while not finished:
@@ -79,9 +82,10 @@ class AsyncLLMEngine:
         self._commands.put(command)
         self._wake.set()
 
-    def _add(self, token_ids: list[int], params: SamplingParams, request_id: str) -> None:
+    def _add(self, token_ids: list[int], params: SamplingParams, request_id: str,
+             masked_spans: Sequence[MaskedSpan], session: SessionRef | None) -> None:
         try:
-            self.engine.add_request(token_ids, params, request_id)
+            self.engine.add_request(token_ids, params, request_id, masked_spans=masked_spans, session=session)
         except ValueError as error:
             self._deliver(request_id, error)
 

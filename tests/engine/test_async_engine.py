@@ -9,6 +9,7 @@ from engine.async_engine import AsyncLLMEngine, EngineDeadError
 from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine
 from engine.sampling import RequestError, SamplingParams
+from engine.sequence import SessionRef
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +86,13 @@ async def test_generate_after_shutdown_fails() -> None:
     stopped.shutdown()
     with pytest.raises(EngineDeadError):
         await collect(stopped, "hello", SamplingParams())
+
+
+async def test_session_turns_through_the_async_engine_reuse_the_pin(engine: AsyncLLMEngine) -> None:
+    session = SessionRef("async-agent", ttl_s=60.0)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    prompt = [1, *range(100, 140)]
+    outputs = [out async for out in engine.generate(prompt, params, session=session)]
+    generated = [t for out in outputs for t in out.new_token_ids]
+    follow_up = [out async for out in engine.generate([*prompt, *generated, 7, 8], params, session=session)]
+    assert follow_up[-1].num_cached_tokens == len(prompt) + len(generated) - 1
