@@ -16,7 +16,7 @@ from engine.loader import load_model
 from engine.mask import MaskedSpan
 from engine.model_runner import ModelRunner
 from engine.output import OutputProcessor, RequestOutput
-from engine.sampling import RequestError, SamplingParams
+from engine.sampling import RequestError, SamplingParams, TokenLogprob
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SessionRef
 from engine.tokenizer import Tokenizer, TokenizerNotFoundError, load_tokenizer
@@ -35,6 +35,7 @@ class Completion:
     num_cached_tokens: int = 0
     finish_reason: str | None = None
     logits: list[torch.Tensor] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
     def add(self, out: RequestOutput) -> None:
         self.token_ids += out.new_token_ids
@@ -43,6 +44,7 @@ class Completion:
         self.num_cached_tokens = out.num_cached_tokens
         self.finish_reason = out.finish_reason
         self.logits += out.logits
+        self.logprobs += out.logprobs
 
 
 class LLMEngine:
@@ -115,7 +117,7 @@ class LLMEngine:
         if seq is None:
             return None
         self._finish(seq, "abort")
-        return self.outputs.make_output(seq, [])
+        return self.outputs.make_output(seq)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -133,8 +135,10 @@ class LLMEngine:
                 reason = self.outputs.check_stop(seq)
                 if reason is not None:
                     self._finish(seq, reason)
-                logits = [result.logits[seq.request_id]] if seq.request_id in result.logits else []
-                outputs.append(self.outputs.make_output(seq, logits))
+                rid = seq.request_id
+                logits = [result.logits[rid]] if rid in result.logits else []
+                logprobs = [result.logprobs[rid]] if rid in result.logprobs else []
+                outputs.append(self.outputs.make_output(seq, logits, logprobs))
         return outputs
 
     def _finish_unschedulable(self) -> list[RequestOutput]:
@@ -143,7 +147,7 @@ class LLMEngine:
             return []
         seq = self.scheduler.waiting[0]
         self._finish(seq, "length")
-        return [self.outputs.make_output(seq, [])]
+        return [self.outputs.make_output(seq)]
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         self.scheduler.finish(seq, reason, time.monotonic())

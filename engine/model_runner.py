@@ -10,7 +10,7 @@ import torch
 from engine.attention import AttentionMetadata, PrefillSpan, causal_mask, new_kv_cache, span_mask
 from engine.config import ModelConfig
 from engine.model import LlamaForCausalLM
-from engine.sampling import Sampler
+from engine.sampling import Sampler, TokenLogprob, token_logprob
 from engine.scheduler import ScheduledBatch
 from engine.sequence import Sequence
 
@@ -19,6 +19,7 @@ from engine.sequence import Sequence
 class StepResult:
     sampled: dict[str, int]  # request id -> new token, for sequences whose chunk reached their end
     logits: dict[str, torch.Tensor]  # request id -> [vocab] logits, for those that asked for them
+    logprobs: dict[str, TokenLogprob]  # for those that asked for them
 
 
 @dataclass
@@ -55,13 +56,16 @@ class ModelRunner:
         ends = torch.tensor([e.num_new for e in entries]).cumsum(0) - 1
         sampling = [i for i, e in enumerate(entries) if e.seq.num_computed_tokens + e.num_new == e.seq.num_tokens]
         if not sampling:
-            return StepResult({}, {})
+            return StepResult({}, {}, {})
         logits = self.model.compute_logits(hidden[ends[sampling]])
         seqs = [entries[i].seq for i in sampling]
         tokens = self.sampler.sample(logits, [s.request_id for s in seqs], [s.params for s in seqs])
         return StepResult(
             sampled={s.request_id: t for s, t in zip(seqs, tokens, strict=True)},
             logits={s.request_id: logits[row].clone() for row, s in enumerate(seqs) if s.params.return_logits},
+            logprobs={s.request_id: token_logprob(logits[row], token, s.params.logprobs)
+                      for row, (s, token) in enumerate(zip(seqs, tokens, strict=True))
+                      if s.params.logprobs is not None},
         )
 
     def _slots(self, block_ids: list[int], start: int, end: int) -> torch.Tensor:

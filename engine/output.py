@@ -7,6 +7,7 @@ from typing import Protocol
 
 import torch
 
+from engine.sampling import TokenLogprob
 from engine.sequence import Sequence
 
 
@@ -26,6 +27,7 @@ class RequestOutput:
     num_prompt_tokens: int
     num_cached_tokens: int
     logits: list[torch.Tensor] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 @dataclass
@@ -63,7 +65,8 @@ class OutputProcessor:
             return "length"
         return None
 
-    def make_output(self, seq: Sequence, logits: list[torch.Tensor]) -> RequestOutput:
+    def make_output(self, seq: Sequence, logits: list[torch.Tensor] | None = None,
+                    logprobs: list[TokenLogprob] | None = None) -> RequestOutput:
         state = self._states.setdefault(seq.request_id, _TextState())
         visible = len(state.text) if seq.is_finished else _stable_length(state.text, seq.params.stop)
         new_text = state.text[state.emitted_chars:visible] if visible > state.emitted_chars else ""
@@ -73,7 +76,7 @@ class OutputProcessor:
         if seq.is_finished:
             del self._states[seq.request_id]
         return RequestOutput(seq.request_id, new_tokens, new_text, seq.is_finished, seq.finish_reason,
-                             seq.num_prompt_tokens, seq.num_cached_tokens or 0, logits)
+                             seq.num_prompt_tokens, seq.num_cached_tokens or 0, logits or [], logprobs or [])
 
 
 def _find_stop(text: str, stops: list[str], checked_upto: int) -> int | None:

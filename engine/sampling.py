@@ -24,6 +24,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     return_logits: bool = False  # attach each step's logits to the outputs (parity checks, debugging)
+    logprobs: int | None = None  # None: no logprobs; k: the sampled token's and the top k alternatives'
 
     def validate(self) -> None:
         checks = [
@@ -32,6 +33,7 @@ class SamplingParams:
             (self.top_k is None or self.top_k >= 1, f"top_k must be >= 1, got {self.top_k}"),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
             (all(self.stop), "stop strings must not be empty"),
+            (self.logprobs is None or 0 <= self.logprobs <= 20, f"logprobs must be in [0, 20], got {self.logprobs}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -40,6 +42,22 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The model's log-probability of a sampled token, and of the k most likely tokens at that step."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def token_logprob(logits: torch.Tensor, token_id: int, k: int) -> TokenLogprob:
+    logprobs = logits.float().log_softmax(-1)
+    top = torch.topk(logprobs, k) if k else None
+    pairs = tuple(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if top is not None else ()
+    return TokenLogprob(token_id, float(logprobs[token_id]), pairs)
 
 
 class Sampler:

@@ -110,3 +110,14 @@ def test_prompt_larger_than_the_cache_is_rejected() -> None:
     small = LLMEngine("tiny", EngineSettings(num_kv_blocks=4, block_size=4))
     with pytest.raises(RequestError, match="prompt needs 5 KV blocks; the cache has 4"):
         small.add_request(list(range(1, 17)), SamplingParams())
+
+
+def test_logprobs_of_sampled_and_top_tokens(engine: LLMEngine) -> None:
+    params = SamplingParams(temperature=0, max_tokens=3, logprobs=2, return_logits=True, ignore_eos=True)
+    [result] = engine.generate([[1, 30, 31]], params)
+    assert [lp.token_id for lp in result.logprobs] == result.token_ids
+    for lp, logits in zip(result.logprobs, result.logits, strict=True):
+        expected = logits.log_softmax(-1)
+        assert abs(lp.logprob - float(expected[lp.token_id])) < 1e-5
+        assert [token for token, _ in lp.top] == expected.topk(2).indices.tolist()
+        assert lp.top[0][0] == lp.token_id  # greedy picks the most likely token

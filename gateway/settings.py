@@ -1,0 +1,57 @@
+"""The gateway's settings: `configs/gateway.yaml` (or `AGENTSERVE_GATEWAY_CONFIG`), overridden by
+`AGENTSERVE_*` environment variables (`AGENTSERVE_REDIS_URL`, `AGENTSERVE_PORT`, ...)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from engine.config import CONFIGS_DIR
+
+
+class LimitSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_ws_message_bytes: int = 4 * 1024 * 1024
+    ws_max_connection_age_s: float = 3600.0
+    ws_ping_interval_s: float = 20.0
+    ttft_slo_s: float = 5.0  # admission: reject when the queued prefill work would exceed it
+    initial_prefill_tokens_per_s: float = 2000.0
+
+
+class GatewaySettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="AGENTSERVE_", env_nested_delimiter="__", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model: str = "small"  # built-in model name or checkpoint directory
+    served_model_name: str | None = None  # the name clients use; defaults to the model's
+    redis_url: str | None = None  # sessions (and rate limits) in Redis when set
+    session_ttl_s: float = 3600.0
+    auth_enabled: bool = False
+    api_keys: list[dict[str, Any]] = []  # see gateway.auth.ApiKeyRecord
+    limits: LimitSettings = LimitSettings()
+    drain_timeout_s: float = 30.0
+    default_max_tokens: int = 256
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or os.path.basename(self.model.rstrip("/"))
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        yaml_file = os.environ.get("AGENTSERVE_GATEWAY_CONFIG", str(CONFIGS_DIR / "gateway.yaml"))
+        return init_settings, env_settings, YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file)
