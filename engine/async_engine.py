@@ -74,7 +74,7 @@ class AsyncLLMEngine:
     def abort(self, request_id: str) -> None:
         self._submit(lambda: self.engine.abort(request_id))
 
-    def call(self, fn: Callable[[LLMEngine], None]) -> None:
+    def call(self, fn: Callable[[LLMEngine], object]) -> None:
         """Run fn(engine) on the engine thread between two steps."""
         self._submit(lambda: fn(self.engine))
 

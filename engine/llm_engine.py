@@ -55,6 +55,7 @@ class LLMEngine:
         dtype = getattr(torch, settings.dtype)
         loaded = load_model(model, dtype, settings.device)
         self.config = loaded.config
+        self.checkpoint_dir = loaded.checkpoint_dir
         self.tokenizer = _load_tokenizer_or_none(loaded.checkpoint_dir)
         self.max_model_len = self.config.max_position_embeddings
         block_bytes = ModelRunner.kv_bytes_per_block(self.config, settings.block_size, dtype)

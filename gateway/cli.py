@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 
 from engine.config import EngineSettings
 from engine.llm_engine import Completion, LLMEngine
 from engine.sampling import SamplingParams
+from gateway.settings import GatewaySettings
 
 EXIT_BAD_INPUT = 2
 
@@ -65,6 +67,24 @@ def _as_json(result: Completion) -> dict[str, object]:
     }
 
 
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run the gateway with its embedded engine")
+    p.add_argument("--config", help="gateway YAML (default configs/gateway.yaml)")
+    p.add_argument("--model", help="built-in model name or Hugging Face checkpoint dir")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.set_defaults(run=_run_serve)
+
+
+def _run_serve(args: argparse.Namespace) -> None:
+    if args.config:
+        os.environ["AGENTSERVE_GATEWAY_CONFIG"] = args.config
+    overrides = {k: v for k, v in (("model", args.model), ("host", args.host), ("port", args.port)) if v}
+    from gateway.serve import serve
+
+    serve(GatewaySettings(**overrides))
+
+
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks (agents_eval)")
     kinds = p.add_subparsers(dest="kind", required=True)
@@ -73,12 +93,18 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
     add_arguments(engine)
     engine.set_defaults(run=run)
+    trajectory = kinds.add_parser("trajectory", help="turn-delta reuse, trace replay, pruning, KV, phase shifts")
+    from agents_eval import trajectory_bench
+
+    trajectory_bench.add_arguments(trajectory)
+    trajectory.set_defaults(run=trajectory_bench.run)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
+    _add_serve(sub)
     _add_bench(sub)
     return parser
 

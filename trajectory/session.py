@@ -55,6 +55,7 @@ class SessionState:
     reply_finished_at: float | None = None
     announced_tool: tuple[str, float, float | None] | None = None  # (name, started_at, estimated seconds)
     prefix_stable: bool = True
+    client_digests: list[str] = field(default_factory=list)  # the messages as the client sent/saw them
 
     @property
     def token_ids(self) -> list[int]:
@@ -86,6 +87,7 @@ class SessionState:
             reply_finished_at=payload["reply_finished_at"],
             announced_tool=tuple(payload["announced_tool"]) if payload["announced_tool"] else None,
             prefix_stable=payload["prefix_stable"],
+            client_digests=payload["client_digests"],
         )
 
     def _to_json(self) -> dict[str, Any]:
@@ -100,6 +102,7 @@ class SessionState:
             "reply_finished_at": self.reply_finished_at,
             "announced_tool": list(self.announced_tool) if self.announced_tool else None,
             "prefix_stable": self.prefix_stable,
+            "client_digests": self.client_digests,
         }
 
 

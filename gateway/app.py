@@ -1,0 +1,121 @@
+"""The FastAPI application: the embedded engine, the session store, the routers and the ASGI guards."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from engine.async_engine import AsyncLLMEngine
+from engine.config import EngineSettings
+from engine.llm_engine import LLMEngine
+from gateway import chat, ops
+from gateway.errors import error_body, install_error_handlers
+from gateway.session_store import open_session_store
+from gateway.sessions import SessionManager
+from gateway.settings import GatewaySettings
+from gateway.state import GatewayState
+from trajectory.agent import Policies
+from trajectory.template import load_chat_template
+
+
+def build_state(settings: GatewaySettings, engine: LLMEngine) -> GatewayState:
+    if engine.tokenizer is None:
+        raise ValueError(f"model {settings.model} has no tokenizer; the gateway needs one to serve chat")
+    template = load_chat_template(engine.checkpoint_dir)
+    store = open_session_store(settings.redis_url)
+    sessions = SessionManager(store, template, engine.tokenizer, Policies.load(), settings.session_ttl_s)
+    return GatewayState(settings, AsyncLLMEngine(engine), engine.tokenizer, sessions)
+
+
+def create_app(settings: GatewaySettings | None = None, engine: LLMEngine | None = None) -> FastAPI:
+    settings = settings or GatewaySettings()
+    state = build_state(settings, engine or LLMEngine(settings.model, EngineSettings()))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.engine.start()
+        try:
+            yield
+        finally:
+            state.engine.shutdown()
+            await state.sessions.store.close()
+
+    app = FastAPI(title="agentserve", lifespan=lifespan)
+    app.state.gateway = state
+    install_error_handlers(app)
+    for router in (chat.router, ops.router):
+        app.include_router(router)
+    app.add_middleware(Guard, state=state)
+    return app
+
+
+class Guard:
+    """Pure ASGI middleware: refuses bodies over the limit (413) and new work while draining (503), and
+    counts in-flight API requests until their last byte is sent (streams included), for the drain."""
+
+    def __init__(self, app: ASGIApp, state: GatewayState) -> None:
+        self.app, self.state = app, state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        if self.state.draining:
+            await _reply(send, 503, error_body("the gateway is draining", "service_unavailable", None, "draining"),
+                         {"retry-after": "1"})
+            return
+        limit = self.state.settings.limits.max_body_bytes
+        if _declared_length(scope) > limit:
+            await _reply(send, 413, _too_large(limit))
+            return
+        self.state.in_flight += 1
+        try:
+            await self.app(scope, _limited(receive, limit), send)
+        except BodyTooLarge:
+            await _reply(send, 413, _too_large(limit))
+        finally:
+            self.state.in_flight -= 1
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+def _too_large(limit: int) -> dict[str, Any]:
+    return error_body(f"request body is larger than {limit} bytes", "invalid_request_error", None,
+                      "request_too_large")
+
+
+def _declared_length(scope: Scope) -> int:
+    for name, value in scope.get("headers", []):
+        if name == b"content-length":
+            return int(value) if value.isdigit() else 0
+    return 0
+
+
+def _limited(receive: Receive, limit: int) -> Receive:
+    """Counts body bytes as they arrive (a chunked body declares no length)."""
+    seen = 0
+
+    async def wrapped() -> Message:
+        nonlocal seen
+        message = await receive()
+        seen += len(message.get("body", b""))
+        if seen > limit:
+            raise BodyTooLarge
+        return message
+
+    return wrapped
+
+
+async def _reply(send: Send, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+    payload = json.dumps(body).encode()
+    raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    raw_headers += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+    await send({"type": "http.response.body", "body": payload})

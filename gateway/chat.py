@@ -1,0 +1,121 @@
+"""`POST /v1/chat/completions` and `POST /v1/completions`, non-streaming and SSE streaming.
+
+A chat request joins an agent session with the header `X-Session-Id` (or `metadata.session_id`, or
+`user`); the session keeps its history and KV between turns, so each turn prefills only its new messages.
+Without one, the request is its own session and still reuses cached prefixes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Header, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from gateway.errors import APIError
+from gateway.protocol import ChatCompletionRequest, CompletionRequest
+from gateway.serving import ChoiceResult, Usage, generate_choices, record_reply, reply_message
+from gateway.state import GatewayState
+from gateway.streaming import ChatStreamWriter, sse_response
+
+router = APIRouter()
+Event = tuple[int, Any]
+
+
+def gateway_state(request: Request) -> GatewayState:
+    state: GatewayState = request.app.state.gateway
+    return state
+
+
+def check_model(gw: GatewayState, model: str) -> None:
+    if model not in (gw.model_name, gw.settings.model):
+        raise APIError(404, f"The model `{model}` does not exist; this gateway serves `{gw.model_name}`",
+                       "not_found_error", "model", "model_not_found")
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(body: ChatCompletionRequest, request: Request,
+                           x_session_id: str | None = Header(default=None)) -> Response:
+    gw = gateway_state(request)
+    check_model(gw, body.model)
+    session_id = x_session_id or (body.metadata or {}).get("session_id") or body.user
+    writer = ChatStreamWriter(gw.model_name, bool(body.tools), body.n, gw.tokenizer.decode)
+    usage = Usage()
+    events = _chat_events(gw, body, session_id, writer, usage)
+    if body.stream:
+        return await sse_response(events, writer, usage if body.include_usage else None)
+    async for _ in events:
+        pass
+    return JSONResponse(writer.completion(usage))
+
+
+async def _chat_events(gw: GatewayState, body: ChatCompletionRequest, session_id: str | None,
+                       writer: ChatStreamWriter, usage: Usage) -> AsyncIterator[Event]:
+    messages = [m.to_message() for m in body.messages]
+    max_tokens = body.max_completion_tokens or body.max_tokens or gw.settings.default_max_tokens
+    params = [body.sampling_params(max_tokens, body.logprob_count(), i) for i in range(body.n)]
+    async with gw.sessions.open(session_id, body.tools) as turn:
+        new = gw.sessions.new_messages(turn, messages) if turn.persistent else messages
+        plan = turn.trajectory.add_messages(new)
+        session = plan.session if turn.persistent else None
+        async for index, out in generate_choices(gw, plan.prompt_token_ids, params, plan.masked_spans, session):
+            usage.prompt_tokens, usage.cached_tokens = out.num_prompt_tokens, out.num_cached_tokens
+            usage.completion_tokens += len(out.new_token_ids)
+            yield index, writer.add(index, out)
+        first = writer.choices[0]
+        record_reply(gw, turn, plan, first, reply_message(first.text, bool(body.tools)))
+
+
+@router.post("/v1/completions", response_model=None)
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    gw = gateway_state(request)
+    check_model(gw, body.model)
+    token_ids = gw.engine.engine.tokenize(_completion_prompt(body.prompt))
+    max_tokens = body.max_tokens or 16
+    params = [body.sampling_params(max_tokens, body.logprobs, i) for i in range(body.n)]
+    choices = [ChoiceResult(i) for i in range(body.n)]
+    usage = Usage()
+    created, completion_id = int(time.time()), f"cmpl-{uuid.uuid4().hex}"
+    events = generate_choices(gw, token_ids, params)
+    if body.stream:
+        return StreamingResponse(_completion_chunks(events, choices, usage, body, completion_id, created),
+                                 media_type="text/event-stream")
+    async for index, out in events:
+        choices[index].add(out)
+        usage.prompt_tokens, usage.cached_tokens = out.num_prompt_tokens, out.num_cached_tokens
+    usage.completion_tokens = sum(len(c.token_ids) for c in choices)
+    return JSONResponse({
+        "id": completion_id, "object": "text_completion", "created": created, "model": body.model,
+        "choices": [{"index": c.index, "text": c.text, "finish_reason": c.finish_reason, "logprobs": None}
+                    for c in choices],
+        "usage": usage.as_openai(),
+    })
+
+
+def _completion_prompt(prompt: str | list[int] | list[str]) -> str | list[int]:
+    if isinstance(prompt, str) or all(isinstance(part, int) for part in prompt):
+        return prompt  # type: ignore[return-value]
+    if len(prompt) == 1:
+        return str(prompt[0])
+    raise APIError(400, "batched prompts are not supported: send one prompt per request", param="prompt")
+
+
+async def _completion_chunks(events: AsyncIterator[Event], choices: list[ChoiceResult], usage: Usage,
+                             body: CompletionRequest, completion_id: str, created: int) -> AsyncIterator[str]:
+    async for index, out in events:
+        choices[index].add(out)
+        usage.prompt_tokens, usage.cached_tokens = out.num_prompt_tokens, out.num_cached_tokens
+        usage.completion_tokens += len(out.new_token_ids)
+        chunk = {"id": completion_id, "object": "text_completion", "created": created, "model": body.model,
+                 "choices": [{"index": index, "text": out.new_text, "finish_reason": out.finish_reason,
+                              "logprobs": None}]}
+        yield f"data: {json.dumps(chunk)}\n\n"
+    if body.include_usage:
+        chunk = {"id": completion_id, "object": "text_completion", "created": created, "model": body.model,
+                 "choices": [], "usage": usage.as_openai()}
+        yield f"data: {json.dumps(chunk)}\n\n"
+    yield "data: [DONE]\n\n"

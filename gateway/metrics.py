@@ -1,0 +1,209 @@
+"""Prometheus metrics, named like vLLM's under `agentserve:`. Each `Metrics` owns its own registry, so apps and
+tests never share state. Hit rates are two counters (queries, hits); the engine's cumulative prefix-cache
+numbers become counter increments in `sync_engine`."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder
+
+PREFIX = "agentserve:"
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+               5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                   50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+@dataclass
+class RequestTrace:
+    """One request's timestamps, from `Metrics.request_started`; handed back to the other lifecycle methods."""
+
+    endpoint: str
+    arrived_at: float
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    generation_tokens: int = 0
+
+
+@dataclass
+class Histograms:
+    ttft: Histogram
+    itl: Histogram
+    e2e: Histogram
+    queue_time: Histogram
+    gateway_overhead: Histogram
+
+
+@dataclass
+class Counters:
+    prompt_tokens: Counter
+    generation_tokens: Counter
+    cached_tokens: Counter
+    pruned_tokens: Counter
+    masked_tokens: Counter
+    prefix_cache_queries: Counter
+    prefix_cache_hits: Counter
+    requests: Counter
+    turns: Counter
+    rejected: Counter
+    aborted: Counter
+
+
+@dataclass
+class Gauges:
+    running: Gauge
+    waiting: Gauge
+    sessions: Gauge
+    workers: Gauge
+    kv_usage: Gauge
+    kv_blocks_free: Gauge
+
+
+def _histograms(registry: CollectorRegistry) -> Histograms:
+    def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+        return Histogram(PREFIX + name, doc, buckets=buckets, registry=registry)
+
+    return Histograms(
+        ttft=histogram("time_to_first_token_seconds", "Time to first token, from arrival at the gateway.",
+                       TTFT_BUCKETS),
+        itl=histogram("inter_token_latency_seconds", "Time between consecutive output tokens.", ITL_BUCKETS),
+        e2e=histogram("e2e_request_latency_seconds", "End-to-end request latency.", LATENCY_BUCKETS),
+        queue_time=histogram("request_queue_time_seconds", "Time requests spent waiting in the engine queue.",
+                             LATENCY_BUCKETS),
+        gateway_overhead=histogram("gateway_overhead_seconds", "Time the gateway spends on a request before "
+                                   "handing it to the engine (session load, tokenizing, pruning, routing).",
+                                   OVERHEAD_BUCKETS))
+
+
+def _counters(registry: CollectorRegistry) -> Counters:
+    def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+        return Counter(PREFIX + name, doc, labels, registry=registry)
+
+    return Counters(
+        prompt_tokens=counter("prompt_tokens_total", "Prompt tokens of finished requests."),
+        generation_tokens=counter("generation_tokens_total", "Generated tokens."),
+        cached_tokens=counter("cached_tokens_total", "Prompt tokens served from cached KV instead of prefilled."),
+        pruned_tokens=counter("pruned_tokens_total", "Tokens pruned from observations on ingest."),
+        masked_tokens=counter("masked_tokens_total", "History tokens skipped by sparse attention masks."),
+        prefix_cache_queries=counter("prefix_cache_queries_total", "Tokens looked up in the prefix cache."),
+        prefix_cache_hits=counter("prefix_cache_hits_total", "Tokens found in the prefix cache."),
+        requests=counter("requests_total", "Finished requests.", ("endpoint", "finish_reason")),
+        turns=counter("turns_total", "Agent turns by phase.", ("phase",)),
+        rejected=counter("rejected_requests_total", "Requests refused before reaching the engine.", ("reason",)),
+        aborted=counter("aborted_requests_total", "Requests aborted before they finished."))
+
+
+def _gauges(registry: CollectorRegistry) -> Gauges:
+    def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
+        return Gauge(PREFIX + name, doc, labels, registry=registry)
+
+    return Gauges(
+        running=gauge("num_requests_running", "Requests the engine is running."),
+        waiting=gauge("num_requests_waiting", "Requests waiting in the engine queue."),
+        sessions=gauge("num_sessions", "Agent sessions held by the gateway."),
+        workers=gauge("num_workers", "Engine workers by role.", ("role",)),
+        kv_usage=gauge("kv_cache_usage_perc", "KV cache usage as a fraction: 0 is empty, 1 is full."),
+        kv_blocks_free=gauge("kv_blocks_free", "Free KV cache blocks."))
+
+
+@dataclass
+class CumulativeBaseline:
+    """The last cumulative value seen per source, to turn engine totals into counter increments."""
+
+    last: dict[str, float] = field(default_factory=dict)
+
+    def delta(self, source: str, total: float) -> float:
+        previous = self.last.get(source, 0.0)
+        self.last[source] = total
+        return total if total < previous else total - previous  # a drop means the source restarted at 0
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.histograms = _histograms(self.registry)
+        self.counters = _counters(self.registry)
+        self.gauges = _gauges(self.registry)
+        self._queries = CumulativeBaseline()
+        self._hits = CumulativeBaseline()
+
+    def request_started(self, endpoint: str, now: float | None = None) -> RequestTrace:
+        return RequestTrace(endpoint, _now(now))
+
+    def handed_to_engine(self, trace: RequestTrace, now: float | None = None) -> None:
+        self.histograms.gateway_overhead.observe(max(0.0, _now(now) - trace.arrived_at))
+
+    def first_token(self, trace: RequestTrace, num_tokens: int = 1, now: float | None = None) -> None:
+        now = _now(now)
+        trace.first_token_at = trace.last_token_at = now
+        self.histograms.ttft.observe(max(0.0, now - trace.arrived_at))
+        self._count_generated(trace, num_tokens)
+
+    def token(self, trace: RequestTrace, num_tokens: int = 1, now: float | None = None) -> None:
+        """`num_tokens` more output tokens; a chunk of several counts as that many evenly spaced tokens."""
+        if trace.last_token_at is None:
+            self.first_token(trace, num_tokens, now)
+            return
+        now = _now(now)
+        gap = max(0.0, now - trace.last_token_at) / max(1, num_tokens)
+        for _ in range(num_tokens):
+            self.histograms.itl.observe(gap)
+        trace.last_token_at = now
+        self._count_generated(trace, num_tokens)
+
+    def _count_generated(self, trace: RequestTrace, num_tokens: int) -> None:
+        trace.generation_tokens += num_tokens
+        self.counters.generation_tokens.inc(num_tokens)
+
+    def finished(self, trace: RequestTrace, finish_reason: str, *, prompt_tokens: int = 0, cached_tokens: int = 0,
+                 pruned_tokens: int = 0, masked_tokens: int = 0, queue_time_s: float | None = None,
+                 now: float | None = None) -> None:
+        """The request is over: `finish_reason` is "stop", "length", "abort", "error", ..."""
+        self.histograms.e2e.observe(max(0.0, _now(now) - trace.arrived_at))
+        if queue_time_s is not None:
+            self.histograms.queue_time.observe(queue_time_s)
+        self.counters.requests.labels(trace.endpoint, finish_reason).inc()
+        if finish_reason == "abort":
+            self.counters.aborted.inc()
+        self.counters.prompt_tokens.inc(prompt_tokens)
+        self.counters.cached_tokens.inc(cached_tokens)
+        self.counters.pruned_tokens.inc(pruned_tokens)
+        self.counters.masked_tokens.inc(masked_tokens)
+
+    def rejected(self, reason: str) -> None:
+        """A request refused before the engine: "auth", "rate_limit", "ttft_slo", ..."""
+        self.counters.rejected.labels(reason).inc()
+
+    def turn(self, phase: str) -> None:
+        self.counters.turns.labels(phase).inc()
+
+    def set_sessions(self, count: int) -> None:
+        self.gauges.sessions.set(count)
+
+    def set_workers(self, role: str, count: int) -> None:
+        self.gauges.workers.labels(role).set(count)
+
+    def sync_engine(self, *, num_running: int, num_waiting: int, kv_cache_usage: float, kv_blocks_free: int,
+                    prefix_cache_queries: int, prefix_cache_hits: int, source: str = "engine") -> None:
+        """An engine stats snapshot. Prefix-cache numbers are the engine's cumulative totals (tokens)."""
+        self.gauges.running.set(num_running)
+        self.gauges.waiting.set(num_waiting)
+        self.gauges.kv_usage.set(kv_cache_usage)
+        self.gauges.kv_blocks_free.set(kv_blocks_free)
+        self.counters.prefix_cache_queries.inc(self._queries.delta(source, prefix_cache_queries))
+        self.counters.prefix_cache_hits.inc(self._hits.delta(source, prefix_cache_hits))
+
+    def render(self, accept: str | None = None) -> tuple[bytes, str]:
+        """The `/metrics` body and its content type; OpenMetrics when the `Accept` header asks for it."""
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type
+
+
+def _now(now: float | None) -> float:
+    return time.monotonic() if now is None else now

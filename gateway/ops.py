@@ -1,0 +1,33 @@
+"""Operational endpoints: models, health, readiness (503 while draining) and Prometheus metrics."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from gateway.chat import gateway_state
+
+router = APIRouter()
+STARTED = int(time.time())
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> JSONResponse:
+    gw = gateway_state(request)
+    model = {"id": gw.model_name, "object": "model", "created": STARTED, "owned_by": "agentserve",
+             "max_model_len": gw.engine.engine.max_model_len}
+    return JSONResponse({"object": "list", "data": [model]})
+
+
+@router.get("/health")
+async def health() -> PlainTextResponse:
+    return PlainTextResponse("ok")
+
+
+@router.get("/ready")
+async def ready(request: Request) -> PlainTextResponse:
+    if gateway_state(request).draining:
+        return PlainTextResponse("draining", status_code=503)
+    return PlainTextResponse("ready")

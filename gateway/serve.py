@@ -1,0 +1,49 @@
+"""`agentserve serve`: uvicorn (uvloop, httptools) around the app, with a graceful drain on SIGTERM:
+`/ready` turns 503 and new API requests are refused, running ones finish within `drain_timeout_s`,
+then the process exits."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from types import FrameType
+
+import uvicorn
+
+from gateway.app import create_app
+from gateway.settings import GatewaySettings
+from gateway.state import GatewayState
+
+log = logging.getLogger("agentserve.gateway")
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, state: GatewayState) -> None:
+        super().__init__(config)
+        self.state = state
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig != signal.SIGTERM or self.state.draining:
+            super().handle_exit(sig, frame)
+            return
+        self.state.draining = True
+        log.info("SIGTERM: draining %d in-flight requests", self.state.in_flight)
+        asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        deadline = time.monotonic() + self.state.settings.drain_timeout_s
+        while self.state.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.state.in_flight:
+            log.warning("drain deadline passed with %d requests still running", self.state.in_flight)
+        self.should_exit = True
+
+
+def serve(settings: GatewaySettings) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(settings)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, loop="uvloop", http="httptools",
+                            ws="websockets", log_level="info", timeout_graceful_shutdown=1)
+    DrainingServer(config, app.state.gateway).run()

@@ -1,0 +1,24 @@
+"""What every request handler reaches through `request.app.state.gateway`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.async_engine import AsyncLLMEngine
+from engine.tokenizer import Tokenizer
+from gateway.sessions import SessionManager
+from gateway.settings import GatewaySettings
+
+
+@dataclass
+class GatewayState:
+    settings: GatewaySettings
+    engine: AsyncLLMEngine
+    tokenizer: Tokenizer
+    sessions: SessionManager
+    draining: bool = False
+    in_flight: int = 0  # API requests not yet fully answered
+
+    @property
+    def model_name(self) -> str:
+        return self.settings.model_name

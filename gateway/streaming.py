@@ -1,0 +1,138 @@
+"""Chat completion objects and SSE chunks, built from the engine's per-step outputs.
+
+With tools in the request, text from `<tool_call>` on is held back while streaming and sent as
+`tool_calls` deltas when the choice finishes, so clients never see tool-call markup as content.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi.responses import StreamingResponse
+
+from engine.output import RequestOutput
+from engine.sampling import TokenLogprob
+from gateway.serving import ChoiceResult, Usage
+from gateway.tool_calls import parse_tool_calls
+
+TOOL_CALL_OPEN = "<tool_call>"
+Chunk = dict[str, Any]
+
+
+class ChatStreamWriter:
+    def __init__(self, model: str, parse_tools: bool, n: int,
+                 decode: Callable[[list[int]], str] = lambda ids: "") -> None:
+        self.model, self.parse_tools, self.decode = model, parse_tools, decode
+        self.id, self.created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        self.choices = [ChoiceResult(i) for i in range(n)]
+        self._sent_chars = [0] * n
+
+    def add(self, index: int, out: RequestOutput) -> list[Chunk]:
+        """Record an output; the stream chunks it gives."""
+        choice = self.choices[index]
+        first = not choice.token_ids and not choice.text
+        choice.add(out)
+        chunks = [self._chunk(index, {"role": "assistant", "content": ""})] if first else []
+        delta = self._content_delta(index, out.finished)
+        if delta or out.logprobs:
+            chunks.append(self._chunk(index, {"content": delta}, logprobs=self._logprobs(out.logprobs)))
+        if out.finished:
+            chunks.append(self._finish_chunk(index))
+        return chunks
+
+    def _content_delta(self, index: int, finished: bool) -> str:
+        choice = self.choices[index]
+        visible = self._content(choice.text) if finished else _visible(choice.text, self.parse_tools)
+        delta = visible[self._sent_chars[index]:]
+        self._sent_chars[index] = max(self._sent_chars[index], len(visible))
+        return delta
+
+    def _content(self, text: str) -> str:
+        return parse_tool_calls(text)[0] if self.parse_tools else text
+
+    def _finish_chunk(self, index: int) -> Chunk:
+        choice = self.choices[index]
+        calls = parse_tool_calls(choice.text)[1] if self.parse_tools else []
+        delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]} if calls else {}
+        return self._chunk(index, delta, finish_reason=_finish_reason(choice, bool(calls)))
+
+    def _chunk(self, index: int, delta: dict[str, Any], finish_reason: str | None = None,
+               logprobs: dict[str, Any] | None = None) -> Chunk:
+        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]}
+
+    def _logprobs(self, logprobs: list[TokenLogprob]) -> dict[str, Any] | None:
+        return {"content": [self._logprob_entry(lp) for lp in logprobs]} if logprobs else None
+
+    def _logprob_entry(self, lp: TokenLogprob) -> dict[str, Any]:
+        def entry(token_id: int, logprob: float) -> dict[str, Any]:
+            token = self.decode([token_id])
+            return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+        return {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+
+    def usage_chunk(self, usage: Usage) -> Chunk:
+        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                "choices": [], "usage": usage.as_openai()}
+
+    def completion(self, usage: Usage) -> dict[str, Any]:
+        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+                "choices": [self._choice_object(c) for c in self.choices], "usage": usage.as_openai()}
+
+    def _choice_object(self, choice: ChoiceResult) -> dict[str, Any]:
+        content, calls = parse_tool_calls(choice.text) if self.parse_tools else (choice.text, [])
+        message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
+        if calls:
+            message["tool_calls"] = calls
+        return {"index": choice.index, "message": message, "logprobs": self._logprobs(choice.logprobs),
+                "finish_reason": _finish_reason(choice, bool(calls))}
+
+
+def _finish_reason(choice: ChoiceResult, has_calls: bool) -> str | None:
+    if has_calls and choice.finish_reason == "stop":
+        return "tool_calls"
+    return "stop" if choice.finish_reason == "abort" else choice.finish_reason
+
+
+def _visible(text: str, parse_tools: bool) -> str:
+    """Streamable content: with tools, nothing from a (possibly partial) `<tool_call>` on."""
+    if not parse_tools:
+        return text
+    start = text.find(TOOL_CALL_OPEN)
+    if start >= 0:
+        return text[:start]
+    for size in range(min(len(TOOL_CALL_OPEN) - 1, len(text)), 0, -1):
+        if text.endswith(TOOL_CALL_OPEN[:size]):
+            return text[:-size]
+    return text
+
+
+def sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data)}\n\n"
+
+
+async def sse_response(events: AsyncIterator[tuple[int, list[Chunk]]], writer: ChatStreamWriter,
+                       usage: Usage | None) -> StreamingResponse:
+    """Start the stream only once the first event arrived, so bad requests still get an HTTP error."""
+    iterator = aiter(events)
+    first = await anext(iterator, None)
+
+    async def body() -> AsyncIterator[str]:
+        try:
+            if first is not None:
+                for chunk in first[1]:
+                    yield sse(chunk)
+            async for _, chunks in iterator:
+                for chunk in chunks:
+                    yield sse(chunk)
+            if usage is not None:
+                yield sse(writer.usage_chunk(usage))
+        except Exception as error:  # the stream has started: report in-band, as OpenAI does
+            yield sse({"error": {"message": str(error), "type": "internal_error", "param": None, "code": None}})
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(body(), media_type="text/event-stream")
