@@ -1,0 +1,90 @@
+"""Real gateways for the tests: uvicorn on a free loopback port, in a thread of this process (fast, shares
+the tiny model) or as a separate `agentserve serve` process (for multi-process and signal tests)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from engine.config import EngineSettings
+from engine.llm_engine import LLMEngine
+from gateway.app import create_app
+from gateway.settings import GatewaySettings
+from tests.conftest import free_port
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must not fetch its price list
+
+
+def wait_until_ready(url: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/ready", timeout=1.0).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"gateway at {url} did not become ready")
+
+
+@contextlib.contextmanager
+def running_gateway(settings: GatewaySettings, engine: LLMEngine | None = None) -> Iterator[str]:
+    """uvicorn serving the app in a background thread; yields its base URL."""
+    app = create_app(settings, engine)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning",
+                                           loop="asyncio", ws="websockets"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{settings.port}"
+    try:
+        wait_until_ready(url)
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def gateway_url() -> Iterator[str]:
+    settings = GatewaySettings(model="tiny", port=free_port(), default_max_tokens=16)
+    engine = LLMEngine("tiny", EngineSettings(num_kv_blocks=1024))
+    with running_gateway(settings, engine) as url:
+        yield url
+
+
+GatewayProcess = Callable[..., tuple[subprocess.Popen[bytes], str]]
+
+
+@pytest.fixture
+def gateway_process(tmp_path: Path) -> Iterator[GatewayProcess]:
+    """Start `agentserve serve --model tiny` processes with extra environment; all stopped afterwards."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(**env: str) -> tuple[subprocess.Popen[bytes], str]:
+        port = free_port()
+        log = open(tmp_path / f"gateway-{port}.log", "wb")  # noqa: SIM115 - closed with the process
+        process = subprocess.Popen(
+            [str(Path(sys.executable).with_name("agentserve")), "serve", "--model", "tiny", "--port", str(port)],
+            env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
+        started.append(process)
+        url = f"http://127.0.0.1:{port}"
+        wait_until_ready(url)
+        return process, url
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
