@@ -8,6 +8,7 @@ the slots of each sequence's whole context (cached prefix + new tokens).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -39,13 +40,14 @@ class AttentionMetadata:
     decode_start: int  # tokens [decode_start:] are decodes, one per sequence
     decode_slots: torch.Tensor | None = None  # [num_decodes, max_context] long, padded with slot 0
     decode_mask: torch.Tensor | None = None  # [num_decodes, 1, 1, max_context] bool, True = attend
+    layer_done: Callable[[int], None] | None = None  # called after each layer (layer-wise KV streaming)
 
     def to(self, device: torch.device) -> AttentionMetadata:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.to(device)
 
         return AttentionMetadata(self.slot_mapping.to(device), [p.to(device) for p in self.prefills],
-                                 self.decode_start, move(self.decode_slots), move(self.decode_mask))
+                                 self.decode_start, move(self.decode_slots), move(self.decode_mask), self.layer_done)
 
 
 def causal_mask(num_computed: int, query_len: int) -> torch.Tensor | None:

@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from engine.block_manager import KVCacheManager
+from engine.block_manager import HeldBlocks, KVCacheManager
 from engine.config import EngineSettings
 from engine.loader import load_model
 from engine.mask import MaskedSpan
 from engine.model_runner import ModelRunner
 from engine.output import OutputProcessor, RequestOutput
 from engine.sampling import RequestError, SamplingParams, TokenLogprob
-from engine.scheduler import Scheduler
+from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import Sequence, SessionRef
 from engine.tokenizer import Tokenizer, TokenizerNotFoundError, load_tokenizer
 
@@ -47,6 +49,15 @@ class Completion:
         self.logprobs += out.logprobs
 
 
+@dataclass
+class Prefilled:
+    """A prefill-only request's KV and sampling state, kept until handed off and released."""
+
+    seq: Sequence
+    blocks: HeldBlocks
+    sampler_state: torch.Tensor
+
+
 class LLMEngine:
     def __init__(self, model: str, settings: EngineSettings | None = None) -> None:
         self.settings = settings = settings or EngineSettings()
@@ -67,6 +78,7 @@ class LLMEngine:
         eos = self.config.eos_token_ids or _tuple(self.tokenizer.eos_token_id if self.tokenizer else None)
         self.outputs = OutputProcessor(self.tokenizer or _NoText(), eos, self.max_model_len)
         self._seqs: dict[str, Sequence] = {}
+        self.prefilled: dict[str, Prefilled] = {}  # prefill-only requests whose KV awaits hand-off
         self._next_id = itertools.count()
 
     def _blocks_for(self, affordable: int) -> int:
@@ -98,20 +110,32 @@ class LLMEngine:
         return token_ids
 
     def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *,
-                    masked_spans: Seq[MaskedSpan] = (), session: SessionRef | None = None) -> str:
+                    masked_spans: Seq[MaskedSpan] = (), session: SessionRef | None = None,
+                    prefill_only: bool = False) -> str:
         """Queue a request. masked_spans: history the request's attention skips; session: the agent
-        session it is a turn of, whose KV stays pinned after it for session.ttl_s seconds."""
+        session it is a turn of, whose KV stays pinned after it for session.ttl_s seconds; prefill_only:
+        stop after the first token with finish reason "prefilled", keeping the KV for `take_prefilled`."""
         token_ids = self.validate(prompt, params)
         request_id = request_id or f"req-{next(self._next_id)}"
-        if request_id in self._seqs:
-            raise RequestError(f"request id {request_id!r} is already running")
         if any(span.end > len(token_ids) for span in masked_spans):
             raise RequestError(f"a masked span ends past the prompt's {len(token_ids)} tokens")
-        seq = Sequence(request_id, token_ids, params, masked_spans=tuple(masked_spans), session=session)
-        self._seqs[request_id] = seq
-        self.runner.sampler.add_request(request_id, params.seed)
-        self.scheduler.add(seq)
+        seq = Sequence(request_id, token_ids, params, masked_spans=tuple(masked_spans), session=session,
+                       prefill_only=prefill_only)
+        self.admit(seq)
         return request_id
+
+    def admit(self, seq: Sequence, sampler_state: torch.Tensor | None = None, running: bool = False) -> None:
+        """Take a sequence in; running=True when its KV is already in its blocks (a hand-off)."""
+        if seq.request_id in self._seqs:
+            raise RequestError(f"request id {seq.request_id!r} is already running")
+        self._seqs[seq.request_id] = seq
+        self.runner.sampler.add_request(seq.request_id, seq.params.seed)
+        if sampler_state is not None:
+            self.runner.sampler.set_state(seq.request_id, sampler_state)
+        if running:
+            self.scheduler.add_running(seq)
+        else:
+            self.scheduler.add(seq)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         seq = self._seqs.get(request_id)
@@ -123,17 +147,19 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    def step(self) -> list[RequestOutput]:
+    def step(self, on_layer: Callable[[ScheduledBatch, int], None] | None = None) -> list[RequestOutput]:
+        """One scheduling step; on_layer(batch, layer) runs after each layer (layer-wise KV streaming)."""
         batch = self.scheduler.schedule(time.monotonic())
         if not batch.seqs:
             return self._finish_unschedulable()
         block_tables = [self.kv.block_ids(s.request_id) for s in batch.seqs]
-        result = self.runner.execute(batch, block_tables)
+        layer_done = None if on_layer is None else functools.partial(on_layer, batch)
+        result = self.runner.execute(batch, block_tables, layer_done)
         self.scheduler.update(batch, result.sampled)
         outputs = []
         for seq in batch.seqs:
             if seq.request_id in result.sampled:
-                reason = self.outputs.check_stop(seq)
+                reason = self.outputs.check_stop(seq) or ("prefilled" if seq.prefill_only else None)
                 if reason is not None:
                     self._finish(seq, reason)
                 rid = seq.request_id
@@ -151,6 +177,9 @@ class LLMEngine:
         return [self.outputs.make_output(seq)]
 
     def _finish(self, seq: Sequence, reason: str) -> None:
+        if reason == "prefilled":
+            state = self.runner.sampler.get_state(seq.request_id)
+            self.prefilled[seq.request_id] = Prefilled(seq, self.kv.detach(seq.request_id), state)
         self.scheduler.finish(seq, reason, time.monotonic())
         self.runner.sampler.remove_request(seq.request_id)
         del self._seqs[seq.request_id]

@@ -146,8 +146,10 @@ class LlamaModel(nn.Module):
         cos = self.rope_cos[positions].unsqueeze(1)
         sin = self.rope_sin[positions].unsqueeze(1)
         x = self.embed_tokens(input_ids)
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+        for index, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             x = layer(x, cos, sin, kv_cache, attn)
+            if attn.layer_done is not None:
+                attn.layer_done(index)
         return self.norm(x)
 
 

@@ -3,6 +3,7 @@ over the paged KV cache, and samples."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -48,10 +49,12 @@ class ModelRunner:
         return 2 * config.num_hidden_layers * block_size * config.num_key_value_heads * config.head_dim * element
 
     @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch, block_tables: list[list[int]]) -> StepResult:
+    def execute(self, batch: ScheduledBatch, block_tables: list[list[int]],
+                layer_done: Callable[[int], None] | None = None) -> StepResult:
         entries = [_Entry(s, n, b) for s, n, b in zip(batch.seqs, batch.num_new_tokens, block_tables, strict=True)]
         entries.sort(key=lambda e: e.num_new == 1)  # prefill chunks first, then single-token decodes
         input_ids, positions, meta = self._prepare(entries)
+        meta.layer_done = layer_done
         hidden = self.model(input_ids, positions, self.kv_caches, meta)
         ends = torch.tensor([e.num_new for e in entries]).cumsum(0) - 1
         sampling = [i for i, e in enumerate(entries) if e.seq.num_computed_tokens + e.num_new == e.seq.num_tokens]
@@ -67,6 +70,15 @@ class ModelRunner:
                       for row, (s, token) in enumerate(zip(seqs, tokens, strict=True))
                       if s.params.logprobs is not None},
         )
+
+    def read_kv(self, layer: int, block_ids: list[int], num_tokens: int) -> torch.Tensor:
+        """One layer's K and V of a request's first num_tokens tokens: [2, num_tokens, kv_heads, head_dim]."""
+        return self.kv_caches[layer].index_select(1, self._slots(block_ids, 0, num_tokens).to(self.device))
+
+    def write_kv(self, layer: int, block_ids: list[int], start: int, kv: torch.Tensor) -> None:
+        """Store [2, tokens, kv_heads, head_dim] received from another worker at positions start.."""
+        slots = self._slots(block_ids, start, start + kv.shape[1]).to(self.device)
+        self.kv_caches[layer].index_copy_(1, slots, kv.to(self.kv_caches[layer].dtype))
 
     def _slots(self, block_ids: list[int], start: int, end: int) -> torch.Tensor:
         positions = torch.arange(start, end)

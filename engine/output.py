@@ -65,10 +65,17 @@ class OutputProcessor:
             return "length"
         return None
 
+    def resume(self, seq: Sequence) -> None:
+        """Take over a sequence whose outputs so far were streamed by another worker."""
+        text = self.tokenizer.decode(seq.output_token_ids)
+        self._states[seq.request_id] = _TextState(text, _stable_length(text, seq.params.stop),
+                                                  len(seq.output_token_ids))
+
     def make_output(self, seq: Sequence, logits: list[torch.Tensor] | None = None,
                     logprobs: list[TokenLogprob] | None = None) -> RequestOutput:
         state = self._states.setdefault(seq.request_id, _TextState())
-        visible = len(state.text) if seq.is_finished else _stable_length(state.text, seq.params.stop)
+        final = seq.is_finished and seq.finish_reason != "prefilled"  # a hand-off goes on elsewhere
+        visible = len(state.text) if final else _stable_length(state.text, seq.params.stop)
         new_text = state.text[state.emitted_chars:visible] if visible > state.emitted_chars else ""
         state.emitted_chars = max(state.emitted_chars, visible)
         new_tokens = seq.output_token_ids[state.emitted_tokens:]

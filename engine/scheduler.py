@@ -54,6 +54,11 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
+    def add_running(self, seq: Sequence) -> None:
+        """A request whose KV is already in its blocks (handed over by a prefill worker)."""
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 

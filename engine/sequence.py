@@ -39,6 +39,7 @@ class Sequence:
     arrival_time: float = field(default_factory=time.monotonic)
     masked_spans: tuple[MaskedSpan, ...] = ()
     session: SessionRef | None = None
+    prefill_only: bool = False  # a prefill worker's request: ends "prefilled" after its first token
 
     @property
     def all_token_ids(self) -> list[int]:
