@@ -5,12 +5,14 @@ numbers become counter increments in `sync_engine`."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.exposition import choose_encoder
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
 
 PREFIX = "agentserve:"
+TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the classic format every Prometheus reads
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
@@ -124,6 +126,19 @@ class CumulativeBaseline:
         return total if total < previous else total - previous  # a drop means the source restarted at 0
 
 
+@dataclass(frozen=True)
+class WithoutCreated:
+    """A registry's metrics minus the `_created` timestamp series, as vLLM exposes them."""
+
+    registry: CollectorRegistry
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self.registry.collect():
+            if metric.type in ("counter", "histogram"):
+                metric.samples = [sample for sample in metric.samples if not sample.name.endswith("_created")]
+            yield metric
+
+
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -199,10 +214,11 @@ class Metrics:
         self.counters.prefix_cache_queries.inc(self._queries.delta(source, prefix_cache_queries))
         self.counters.prefix_cache_hits.inc(self._hits.delta(source, prefix_cache_hits))
 
-    def render(self, accept: str | None = None) -> tuple[bytes, str]:
-        """The `/metrics` body and its content type; OpenMetrics when the `Accept` header asks for it."""
-        encoder, content_type = choose_encoder(accept or "")
-        return encoder(self.registry), content_type
+    def render(self) -> tuple[bytes, str]:
+        """The `/metrics` body and its content type: always the classic text format, whatever the scraper's
+        `Accept` asks. prometheus_client's OpenMetrics encoder turns `:` into `_` in sample lines but not in
+        HELP/TYPE (prometheus/client_python#1177), which breaks every `agentserve:` name."""
+        return generate_latest(WithoutCreated(self.registry)), TEXT_CONTENT_TYPE
 
 
 def _now(now: float | None) -> float:
