@@ -8,7 +8,6 @@ import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -18,12 +17,10 @@ from engine.loader import load_model
 from engine.mask import MaskedSpan
 from engine.model_runner import ModelRunner
 from engine.output import OutputProcessor, RequestOutput
+from engine.requests import Prompt, RequestValidator, load_tokenizer_or_none, num_kv_blocks
 from engine.sampling import RequestError, SamplingParams, TokenLogprob
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import Sequence, SessionRef
-from engine.tokenizer import Tokenizer, TokenizerNotFoundError, load_tokenizer
-
-Prompt = str | list[int]
 
 
 @dataclass
@@ -67,10 +64,10 @@ class LLMEngine:
         loaded = load_model(model, dtype, settings.device)
         self.config = loaded.config
         self.checkpoint_dir = loaded.checkpoint_dir
-        self.tokenizer = _load_tokenizer_or_none(loaded.checkpoint_dir)
+        self.tokenizer = load_tokenizer_or_none(loaded.checkpoint_dir)
         self.max_model_len = self.config.max_position_embeddings
-        block_bytes = ModelRunner.kv_bytes_per_block(self.config, settings.block_size, dtype)
-        self.num_blocks = settings.num_kv_blocks or self._blocks_for(settings.kv_cache_bytes // block_bytes)
+        self.num_blocks = num_kv_blocks(self.config, settings)
+        self.validator = RequestValidator(self.config, self.tokenizer, settings.block_size, self.num_blocks)
         self.kv = KVCacheManager(self.num_blocks, settings.block_size, settings.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, settings.max_num_batched_tokens, settings.max_num_seqs)
         self.runner = ModelRunner(loaded.model, self.config, self.num_blocks, settings.block_size, dtype,
@@ -81,33 +78,12 @@ class LLMEngine:
         self.prefilled: dict[str, Prefilled] = {}  # prefill-only requests whose KV awaits hand-off
         self._next_id = itertools.count()
 
-    def _blocks_for(self, affordable: int) -> int:
-        """No more blocks than max_num_seqs full-context requests can use."""
-        useful = -(-self.max_model_len // self.settings.block_size) * self.settings.max_num_seqs
-        return max(1, min(affordable, useful))
-
     def tokenize(self, prompt: Prompt) -> list[int]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise RequestError("this model has no tokenizer; send prompt token ids instead of text")
-            return self.tokenizer.encode(prompt, add_bos=self.tokenizer.bos_token_id is not None)
-        return list(prompt)
+        return self.validator.tokenize(prompt)
 
     def validate(self, prompt: Prompt, params: SamplingParams) -> list[int]:
         """Token ids of a valid request; RequestError naming the problem otherwise."""
-        params.validate()
-        if not prompt:
-            raise RequestError("prompt is empty")
-        token_ids = self.tokenize(prompt)
-        if not all(0 <= t < self.config.vocab_size for t in token_ids):
-            raise RequestError(f"prompt token ids must be in [0, {self.config.vocab_size})")
-        if len(token_ids) >= self.max_model_len:
-            raise RequestError(f"prompt has {len(token_ids)} tokens; the model's context is "
-                               f"{self.max_model_len} tokens")
-        blocks_needed = -(-(len(token_ids) + 1) // self.settings.block_size)
-        if blocks_needed > self.num_blocks:
-            raise RequestError(f"prompt needs {blocks_needed} KV blocks; the cache has {self.num_blocks}")
-        return token_ids
+        return self.validator.validate(prompt, params)
 
     def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *,
                     masked_spans: Seq[MaskedSpan] = (), session: SessionRef | None = None,
@@ -209,14 +185,6 @@ class LLMEngine:
 
 def _tuple(token_id: int | None) -> tuple[int, ...]:
     return () if token_id is None else (token_id,)
-
-
-def _load_tokenizer_or_none(checkpoint_dir: Path | None) -> Tokenizer | None:
-    """A checkpoint without tokenizer files still serves token ids (vLLM's skip_tokenizer_init)."""
-    try:
-        return load_tokenizer(checkpoint_dir)
-    except TokenizerNotFoundError:
-        return None
 
 
 class _NoText:

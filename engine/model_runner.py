@@ -43,11 +43,6 @@ class ModelRunner:
             for _ in range(config.num_hidden_layers)
         ]
 
-    @staticmethod
-    def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-        element = torch.empty((), dtype=dtype).element_size()
-        return 2 * config.num_hidden_layers * block_size * config.num_key_value_heads * config.head_dim * element
-
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch, block_tables: list[list[int]],
                 layer_done: Callable[[int], None] | None = None) -> StepResult:

@@ -1,0 +1,85 @@
+"""What a model accepts, known without its weights: tokenization and request validation, shared by the
+engine and by the disaggregated coordinator (which holds no model)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.config import MODELS_DIR, EngineSettings, ModelConfig
+from engine.loader import ModelLoadError, builtin_model_names, read_hf_config
+from engine.sampling import RequestError, SamplingParams
+from engine.tokenizer import Tokenizer, TokenizerNotFoundError, load_tokenizer
+
+Prompt = str | list[int]
+
+
+def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    element = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_hidden_layers * block_size * config.num_key_value_heads * config.head_dim * element
+
+
+def num_kv_blocks(config: ModelConfig, settings: EngineSettings) -> int:
+    """Blocks the cache gets: what kv_cache_bytes affords, no more than max_num_seqs full contexts use."""
+    if settings.num_kv_blocks:
+        return settings.num_kv_blocks
+    block_bytes = kv_bytes_per_block(config, settings.block_size, getattr(torch, settings.dtype))
+    affordable = settings.kv_cache_bytes // block_bytes
+    useful = -(-config.max_position_embeddings // settings.block_size) * settings.max_num_seqs
+    return max(1, min(affordable, useful))
+
+
+def read_model_config(name_or_path: str) -> tuple[ModelConfig, Path | None]:
+    """A built-in model's or a checkpoint's config, without loading weights."""
+    if name_or_path in builtin_model_names():
+        return ModelConfig.from_yaml(MODELS_DIR / f"{name_or_path}.yaml"), None
+    directory = Path(name_or_path)
+    if not directory.is_dir():
+        raise ModelLoadError(f"unknown model {name_or_path!r}: not a built-in model "
+                             f"({', '.join(builtin_model_names())}) and not a checkpoint directory")
+    return read_hf_config(directory), directory
+
+
+def load_tokenizer_or_none(checkpoint_dir: Path | None) -> Tokenizer | None:
+    """A checkpoint without tokenizer files still serves token ids (vLLM's skip_tokenizer_init)."""
+    try:
+        return load_tokenizer(checkpoint_dir)
+    except TokenizerNotFoundError:
+        return None
+
+
+@dataclass
+class RequestValidator:
+    config: ModelConfig
+    tokenizer: Tokenizer | None
+    block_size: int
+    num_blocks: int
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.max_position_embeddings
+
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise RequestError("this model has no tokenizer; send prompt token ids instead of text")
+            return self.tokenizer.encode(prompt, add_bos=self.tokenizer.bos_token_id is not None)
+        return list(prompt)
+
+    def validate(self, prompt: Prompt, params: SamplingParams) -> list[int]:
+        """Token ids of a valid request; RequestError naming the problem otherwise."""
+        params.validate()
+        if not prompt:
+            raise RequestError("prompt is empty")
+        token_ids = self.tokenize(prompt)
+        if not all(0 <= t < self.config.vocab_size for t in token_ids):
+            raise RequestError(f"prompt token ids must be in [0, {self.config.vocab_size})")
+        if len(token_ids) >= self.max_model_len:
+            raise RequestError(f"prompt has {len(token_ids)} tokens; the model's context is "
+                               f"{self.max_model_len} tokens")
+        blocks_needed = -(-(len(token_ids) + 1) // self.block_size)
+        if blocks_needed > self.num_blocks:
+            raise RequestError(f"prompt needs {blocks_needed} KV blocks; the cache has {self.num_blocks}")
+        return token_ids

@@ -1,0 +1,104 @@
+"""Typed control messages, one family per direction, pickled over a pipe. KV bytes never travel here:
+they go from prefill to decode worker over the KV transport."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.handoff import Handoff
+from engine.mask import MaskedSpan
+from engine.output import RequestOutput
+from engine.sampling import SamplingParams
+
+PREFILL, DECODE = "prefill", "decode"
+
+
+# coordinator -> worker
+@dataclass
+class Submit:
+    request_id: str
+    token_ids: list[int]
+    params: SamplingParams
+    masked_spans: tuple[MaskedSpan, ...] = ()
+    decode_address: str | None = None  # set: prefill only, stream the KV there; None: run it whole here
+
+
+@dataclass
+class AcceptHandoff:
+    handoff: Handoff
+
+
+@dataclass
+class Abort:
+    request_id: str
+
+
+@dataclass
+class SetRole:
+    role: str
+    sent_at: float  # coordinator's clock, for the switch latency
+
+
+@dataclass
+class Ping:
+    sent_at: float
+
+
+@dataclass
+class Shutdown:
+    deadline_s: float
+
+
+Command = Submit | AcceptHandoff | Abort | SetRole | Ping | Shutdown
+
+
+# worker -> coordinator
+@dataclass
+class Ready:
+    worker_id: int
+    pid: int
+    role: str
+    kv_address: str
+
+
+@dataclass
+class Outputs:
+    outputs: list[RequestOutput]
+
+
+@dataclass
+class Prefilled:
+    handoff: Handoff
+    kv_bytes: int
+    send_seconds: float  # time spent sending this request's KV
+    exposed_seconds: float  # of it, time after the prefill compute finished (not hidden by compute)
+
+
+@dataclass
+class RoleChanged:
+    role: str
+    sent_at: float
+    applied_at: float  # worker's clock; the coordinator corrects for the clock offset
+
+
+@dataclass
+class Pong:
+    sent_at: float
+    worker_time: float
+
+
+@dataclass
+class KVCounters:
+    received: int = 0
+    rejected: int = 0
+    timed_out: int = 0
+    recomputed: int = 0
+    by_reason: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Stopped:
+    counters: KVCounters
+
+
+Event = Ready | Outputs | Prefilled | RoleChanged | Pong | Stopped
