@@ -1,0 +1,135 @@
+"""Layer-wise KV streaming from a prefill worker: as soon as a layer of a finishing prefill is computed,
+its blocks are queued for a sender thread, so sending overlaps the remaining layers' compute.
+
+Every block on the wire, the trailing partial one included, carries the chained hash of its tokens (and
+of the masks that shaped its KV); the decode side computes the same hashes from the token ids it gets
+in the hand-off, which is how it matches blocks to requests."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.block_manager import hash_block_tokens
+from engine.kv_wire import FORMAT_VERSION, HEADER_SIZE, KVBlock, encode
+from engine.llm_engine import LLMEngine
+from engine.mask import MaskedSpan, block_keys
+from engine.scheduler import ScheduledBatch
+from engine.transport.base import KVSender, TransportError
+
+log = logging.getLogger(__name__)
+
+
+def wire_hashes(token_ids: Sequence[int], block_size: int, masked_spans: Sequence[MaskedSpan]) -> list[int]:
+    keys = block_keys(masked_spans, block_size)
+    hashes: list[int] = []
+    for index in range(-(-len(token_ids) // block_size)):
+        extra = keys(index) if callable(keys) else keys
+        chunk = token_ids[index * block_size:(index + 1) * block_size]
+        hashes.append(hash_block_tokens(hashes[-1] if hashes else None, chunk, extra))
+    return hashes
+
+
+def layer_blocks(kv: torch.Tensor, layer: int, hashes: list[int], block_size: int) -> list[KVBlock]:
+    """Split one layer's [2, tokens, kv_heads, head_dim] into Layer Blocks."""
+    num_tokens = kv.shape[1]
+    return [KVBlock(layer, start, min(start + block_size, num_tokens), block_hash,
+                    kv[:, start:start + block_size].contiguous())
+            for block_hash, start in zip(hashes, range(0, num_tokens, block_size), strict=True)]
+
+
+@dataclass
+class TransferStats:
+    bytes: int = 0
+    send_seconds: float = 0.0
+    last_sent_at: float = 0.0
+    pending: int = 0
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+FAULTS = ("corrupt_payload", "wrong_version", "cut", "drop")  # injected on purpose, for failure tests
+
+
+class LayerStreamer:
+    def __init__(self, engine: LLMEngine, connect: Callable[[str], KVSender], fault: str | None = None) -> None:
+        if fault is not None and fault not in FAULTS:
+            raise ValueError(f"unknown KV fault {fault!r}; known: {FAULTS}")
+        self.engine = engine
+        self._connect = connect
+        self.fault = fault
+        self._senders: dict[str, KVSender] = {}
+        self.targets: dict[str, str] = {}  # request id -> decode worker's KV address
+        self.stats: dict[str, TransferStats] = {}
+        self._queue: queue.SimpleQueue[tuple[str, str, list[KVBlock]] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._send_loop, name="kv-sender", daemon=True)
+        self._thread.start()
+
+    def on_layer(self, batch: ScheduledBatch, layer: int) -> None:
+        """Called by the engine after each layer: queue that layer of every prefill finishing now."""
+        for index, seq in enumerate(batch.seqs):
+            address = self.targets.get(seq.request_id)
+            if address is None or not batch.samples(index):
+                continue
+            kv = self.engine.runner.read_kv(layer, self.engine.kv.block_ids(seq.request_id), seq.num_tokens)
+            hashes = wire_hashes(seq.prompt_token_ids, self.engine.settings.block_size, seq.masked_spans)
+            stats = self.stats.setdefault(seq.request_id, TransferStats())
+            stats.pending += 1
+            stats.done.clear()
+            self._queue.put((seq.request_id, address, layer_blocks(kv, layer, hashes, self.engine.settings.block_size)))
+
+    def finish(self, request_id: str, timeout_s: float = 30.0) -> tuple[TransferStats, float]:
+        """Wait until the request's KV is sent; (stats, seconds of sending left after compute ended)."""
+        computed_at = time.monotonic()
+        self.targets.pop(request_id, None)
+        stats = self.stats.pop(request_id, TransferStats())
+        if stats.pending:
+            stats.done.wait(timeout_s)
+        return stats, max(0.0, stats.last_sent_at - computed_at)
+
+    def _send(self, address: str, blocks: list[KVBlock], stats: TransferStats) -> None:
+        sender = self._senders.get(address) or self._senders.setdefault(address, self._connect(address))
+        if self.fault in ("cut", "drop"):
+            blocks = blocks[: len(blocks) // 2] if self.fault == "cut" else []
+        for block in blocks:
+            if self.fault in ("corrupt_payload", "wrong_version"):
+                sender.send_frame(_faulty_frame(block, self.fault))
+            else:
+                sender.send(block)
+            stats.bytes += block.tensor.numel() * block.tensor.element_size()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=5)
+        for sender in self._senders.values():
+            sender.close()
+
+    def _send_loop(self) -> None:
+        while (item := self._queue.get()) is not None:
+            request_id, address, blocks = item
+            stats = self.stats.get(request_id) or TransferStats()
+            started = time.monotonic()
+            try:
+                self._send(address, blocks, stats)
+            except (OSError, EOFError, TransportError) as error:  # the decode side times out and recomputes
+                log.warning("KV transfer of %s to %s failed: %s", request_id, address, error)
+                self._senders.pop(address, None)
+            stats.last_sent_at = time.monotonic()
+            stats.send_seconds += stats.last_sent_at - started
+            stats.pending -= 1
+            if stats.pending == 0:
+                stats.done.set()
+
+
+def _faulty_frame(block: KVBlock, fault: str) -> bytes:
+    frame = bytearray(encode(block).tobytes())
+    if fault == "corrupt_payload":
+        frame[HEADER_SIZE] ^= 0xFF
+    else:
+        frame[4:6] = (FORMAT_VERSION + 1).to_bytes(2, "big")
+    return bytes(frame)

@@ -1,0 +1,139 @@
+"""One engine worker process. Every worker can do either job: a `Submit` with a decode address is
+prefilled here and its KV streamed there layer by layer; an `AcceptHandoff` is decoded here; a plain
+`Submit` runs whole (colocated). The role only steers the coordinator's routing, so `SetRole` takes
+effect after the current step without reloading anything, and requests already here finish here."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+import torch
+
+from engine.config import EngineSettings
+from engine.handoff import accept_handoff, release, take_handoff
+from engine.kv_wire import KVWireError
+from engine.llm_engine import LLMEngine
+from engine.output import RequestOutput
+from engine.transport import make_transport
+from engine.transport.base import KVReceiver
+from engine.worker import messages as m
+from engine.worker.kv_assembly import KVAssembler
+from engine.worker.kv_stream import LayerStreamer
+
+log = logging.getLogger(__name__)
+IDLE_POLL_S = 0.002
+
+
+@dataclass
+class WorkerSpec:
+    worker_id: int
+    model: str
+    engine: EngineSettings
+    transport: str
+    role: str
+    num_threads: int
+    kv_timeout_s: float
+    kv_fault: str | None = None  # failure testing only: see kv_stream.FAULTS
+
+
+def run_worker(spec: WorkerSpec, conn: Connection) -> None:
+    """Process entry point."""
+    torch.set_num_threads(spec.num_threads)
+    engine = LLMEngine(spec.model, spec.engine)
+    transport = make_transport(spec.transport)
+    address, receiver = transport.listen()
+    worker = Worker(spec, engine, conn, receiver, LayerStreamer(engine, transport.connect, spec.kv_fault))
+    conn.send(m.Ready(spec.worker_id, os.getpid(), spec.role, address))
+    try:
+        worker.loop()
+    finally:
+        worker.streamer.close()
+        receiver.close()
+
+
+class Worker:
+    def __init__(self, spec: WorkerSpec, engine: LLMEngine, conn: Connection, receiver: KVReceiver,
+                 streamer: LayerStreamer) -> None:
+        self.spec, self.engine, self.conn, self.receiver, self.streamer = spec, engine, conn, receiver, streamer
+        self.role = spec.role
+        self.assembler = KVAssembler(engine.config.num_hidden_layers, engine.settings.block_size, spec.kv_timeout_s)
+        self.stopping = False
+
+    def loop(self) -> None:
+        while not self.stopping:
+            busy = self.engine.has_unfinished()
+            self._commands(wait_s=0.0 if busy else IDLE_POLL_S)
+            self._receive_kv()
+            self._take_assembled()
+            if self.engine.has_unfinished():
+                self._dispatch(self.engine.step(self.streamer.on_layer))
+        self.conn.send(m.Stopped(self.assembler.counters))
+
+    def _commands(self, wait_s: float) -> None:
+        while self.conn.poll(wait_s):
+            self._handle(self.conn.recv())
+            wait_s = 0.0
+
+    def _handle(self, command: m.Command) -> None:
+        if isinstance(command, m.Submit):
+            self._submit(command)
+        elif isinstance(command, m.AcceptHandoff):
+            self.assembler.expect(command.handoff)
+        elif isinstance(command, m.Abort):
+            self._abort(command.request_id)
+        elif isinstance(command, m.SetRole):
+            self.role = command.role
+            self.conn.send(m.RoleChanged(command.role, command.sent_at, time.time()))
+        elif isinstance(command, m.Ping):
+            self.conn.send(m.Pong(command.sent_at, time.time()))
+        elif isinstance(command, m.Shutdown):
+            self.stopping = True
+
+    def _submit(self, command: m.Submit) -> None:
+        prefill_only = command.decode_address is not None
+        if prefill_only:
+            self.streamer.targets[command.request_id] = str(command.decode_address)
+        self.engine.add_request(command.token_ids, command.params, command.request_id,
+                                masked_spans=command.masked_spans, prefill_only=prefill_only)
+
+    def _abort(self, request_id: str) -> None:
+        out = self.engine.abort(request_id)
+        release(self.engine, request_id)
+        if out is not None:
+            self.conn.send(m.Outputs([out]))
+
+    def _receive_kv(self) -> None:
+        while True:
+            try:
+                block = self.receiver.recv(0.0)
+            except KVWireError as error:
+                self.assembler.reject(type(error).__name__)
+                continue
+            if block is None:
+                return
+            self.assembler.add(block)
+
+    def _take_assembled(self) -> None:
+        for done in self.assembler.ready():
+            used = accept_handoff(self.engine, done.handoff, done.kv_layers)
+            if not used:
+                self.assembler.counters.recomputed += 1
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        regular = [out for out in outputs if out.finish_reason != "prefilled"]
+        for out in outputs:
+            if out.finish_reason == "prefilled":
+                self._hand_off(out)
+        if regular:
+            self.conn.send(m.Outputs(regular))
+
+    def _hand_off(self, out: RequestOutput) -> None:
+        stats, exposed = self.streamer.finish(out.request_id)
+        handoff = take_handoff(self.engine, out.request_id)
+        release(self.engine, out.request_id)
+        self.conn.send(m.Outputs([out]))
+        self.conn.send(m.Prefilled(handoff, stats.bytes, stats.send_seconds, exposed))

@@ -1,0 +1,106 @@
+"""Prefill and decode workers in separate processes: identical tokens to the colocated engine on every
+transport that crosses processes, recompute on every kind of failed transfer, live role switches and
+killed workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+
+import pytest
+
+from engine.config import EngineSettings
+from engine.llm_engine import Completion, LLMEngine
+from engine.sampling import SamplingParams
+from engine.worker.coordinator import DisaggregatedEngine
+from engine.worker.deployment import DeploymentSettings
+
+pytestmark = pytest.mark.slow
+
+SETTINGS = EngineSettings(num_kv_blocks=256, block_size=8, max_num_batched_tokens=64)
+PROMPTS = [[1, *range(20, 20 + n)] for n in (4, 17, 33, 60, 9, 25)]
+GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+SAMPLED = SamplingParams(temperature=0.8, seed=11, max_tokens=10, ignore_eos=True)
+
+
+def colocated(params: SamplingParams) -> list[list[int]]:
+    return [r.token_ids for r in LLMEngine("tiny", SETTINGS).generate(PROMPTS, params)]
+
+
+def start(transport: str = "shm", **deployment: object) -> DisaggregatedEngine:
+    return DisaggregatedEngine("tiny", SETTINGS, DeploymentSettings(transport=transport, kv_timeout_s=2.0,
+                                                                     **deployment))
+
+
+@pytest.fixture(scope="module", params=["shm", "tcp"])
+def disaggregated(request: pytest.FixtureRequest) -> Iterator[DisaggregatedEngine]:
+    engine = start(request.param)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_same_tokens_as_colocated(disaggregated: DisaggregatedEngine, params: SamplingParams) -> None:
+    results = disaggregated.generate(PROMPTS, params)
+    assert [r.token_ids for r in results] == colocated(params)
+    assert all(r.finish_reason == "length" for r in results)
+    assert disaggregated.transfers.requests >= len(PROMPTS) and disaggregated.transfers.bytes > 0
+
+
+def test_text_streams_whole_across_the_handoff(disaggregated: DisaggregatedEngine) -> None:
+    [expected] = LLMEngine("tiny", SETTINGS).generate(["the agent reads the log"], GREEDY)
+    [result] = disaggregated.generate(["the agent reads the log"], GREEDY)
+    assert result.text == expected.text and result.token_ids == expected.token_ids
+
+
+@pytest.mark.parametrize(("fault", "counter"), [("corrupt_payload", "rejected"), ("wrong_version", "rejected"),
+                                                 ("cut", "timed_out"), ("drop", "timed_out")])
+def test_failed_transfers_are_recomputed(fault: str, counter: str) -> None:
+    engine = start("tcp", kv_fault=fault)
+    try:
+        assert [r.token_ids for r in engine.generate(PROMPTS[:3], GREEDY)] == colocated(GREEDY)[:3]
+    finally:
+        counters = engine.shutdown()
+    totals = {name: sum(getattr(c, name) for c in counters) for name in ("received", "rejected", "timed_out",
+                                                                          "recomputed")}
+    assert totals[counter] > 0 and totals["recomputed"] == 3 and totals["received"] == 0
+
+
+def test_role_switch_mid_stream_loses_and_duplicates_nothing() -> None:
+    engine = start("shm")
+    try:
+        ids = [engine.add_request(p, GREEDY) for p in PROMPTS]
+        results = {i: Completion(i) for i in ids}
+        for step in range(10_000):
+            if not engine.has_unfinished():
+                break
+            if step == 3:
+                engine.set_role(0, "decode")
+                engine.set_role(1, "prefill")
+            for out in engine.step():
+                results[out.request_id].add(out)
+        assert [results[i].token_ids for i in ids] == colocated(GREEDY)
+        assert len(engine.role_switches) == 2
+    finally:
+        engine.shutdown()
+
+
+def test_killed_worker_is_detected_and_its_requests_rerun() -> None:
+    engine = start("shm")
+    try:
+        ids = [engine.add_request(p, SAMPLED) for p in PROMPTS]
+        results = {i: Completion(i) for i in ids}
+        killed = False
+        for _ in range(10_000):
+            if not engine.has_unfinished():
+                break
+            for out in engine.step():
+                results[out.request_id].add(out)
+                if not killed and len(results[out.request_id].token_ids) >= 3:
+                    os.kill(engine.workers[1].process.pid or 0, signal.SIGKILL)
+                    killed = True
+        assert killed and engine.dead_workers == [1]
+        assert [results[i].token_ids for i in ids] == colocated(SAMPLED)
+    finally:
+        engine.shutdown()
