@@ -43,10 +43,11 @@ class KVAssembler:
 
     def expect(self, handoff: Handoff, now: float | None = None) -> None:
         hashes = wire_hashes(handoff.prompt_token_ids, self.block_size, handoff.masked_spans)
-        self._pending[handoff.request_id] = _Pending(handoff, hashes, (now or time.monotonic()) + self.timeout_s)
+        start = time.monotonic() if now is None else now
+        self._pending[handoff.request_id] = _Pending(handoff, hashes, start + self.timeout_s)
 
     def add(self, block: KVBlock, now: float | None = None) -> None:
-        self._blocks[(block.block_hash, block.layer)].append((block, now or time.monotonic()))
+        self._blocks[(block.block_hash, block.layer)].append((block, time.monotonic() if now is None else now))
 
     def reject(self, reason: str) -> None:
         """A corrupt block arrived: its request cannot be told, so every incomplete transfer is dropped."""
@@ -56,7 +57,7 @@ class KVAssembler:
         self.counters.rejected += 1
 
     def ready(self, now: float | None = None) -> list[Assembled]:
-        now = now or time.monotonic()
+        now = time.monotonic() if now is None else now
         done = []
         for request_id, pending in list(self._pending.items()):
             if pending.failed is None and self._complete(pending):

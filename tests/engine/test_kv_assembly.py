@@ -1,0 +1,69 @@
+"""Decode-side assembly of Layer Blocks into Full Blocks, matched to requests by chained hashes."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.handoff import Handoff
+from engine.sampling import SamplingParams
+from engine.worker.kv_assembly import KVAssembler
+from engine.worker.kv_stream import layer_blocks, wire_hashes
+
+LAYERS, BLOCK = 2, 4
+
+
+def handoff(request_id: str, prompt: list[int]) -> Handoff:
+    return Handoff(request_id, prompt, 7, SamplingParams(), b"", 0)
+
+
+def layers_for(prompt: list[int], seed: int) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(2, len(prompt), 2, 8, generator=generator) for _ in range(LAYERS)]
+
+
+def blocks_of(prompt: list[int], kv: list[torch.Tensor]) -> list:
+    hashes = wire_hashes(prompt, BLOCK, ())
+    return [b for layer, t in enumerate(kv) for b in layer_blocks(t, layer, hashes, BLOCK)]
+
+
+def test_blocks_arriving_before_the_handoff_in_any_order_assemble() -> None:
+    prompt = list(range(1, 11))  # two full blocks and a partial one
+    kv = layers_for(prompt, 0)
+    assembler = KVAssembler(LAYERS, BLOCK, timeout_s=5.0)
+    for block in reversed(blocks_of(prompt, kv)):
+        assembler.add(block, now=0.0)
+    assembler.expect(handoff("r", prompt), now=0.0)
+    [done] = assembler.ready(now=0.1)
+    assert done.outcome == "received" and done.kv_layers is not None
+    for got, want in zip(done.kv_layers, kv, strict=True):
+        assert torch.equal(got, want)
+    assert assembler.counters.received == 1
+
+
+def test_missing_blocks_time_out_and_corrupt_ones_fail_everything_waiting() -> None:
+    prompt = list(range(1, 11))
+    assembler = KVAssembler(LAYERS, BLOCK, timeout_s=1.0)
+    assembler.expect(handoff("slow", prompt), now=0.0)
+    for block in blocks_of(prompt, layers_for(prompt, 1))[:-1]:
+        assembler.add(block, now=0.0)
+    assert assembler.ready(now=0.5) == []
+    [late] = assembler.ready(now=1.5)
+    assert late.outcome == "timed_out" and late.kv_layers is None
+    assembler.expect(handoff("victim", [9, 9, 9]), now=2.0)
+    assembler.reject("BadChecksum")
+    [victim] = assembler.ready(now=2.1)
+    assert victim.outcome == "rejected" and assembler.counters.by_reason == {"BadChecksum": 1}
+
+
+def test_two_requests_sharing_a_prefix_each_get_their_blocks() -> None:
+    first, second = list(range(1, 9)), [*range(1, 9), 50, 51]
+    assembler = KVAssembler(LAYERS, BLOCK, timeout_s=5.0)
+    kv_first, kv_second = layers_for(first, 2), layers_for(second, 3)
+    for block in blocks_of(first, kv_first) + blocks_of(second, kv_second):
+        assembler.add(block, now=0.0)
+    assembler.expect(handoff("a", first), now=0.0)
+    assembler.expect(handoff("b", second), now=0.0)
+    done = {d.handoff.request_id: d for d in assembler.ready(now=0.0)}
+    assert done["a"].outcome == done["b"].outcome == "received"
+    assert done["b"].kv_layers is not None and done["b"].kv_layers[0].shape[1] == len(second)
+    assert torch.equal(done["b"].kv_layers[1][:, 8:], kv_second[1][:, 8:])
