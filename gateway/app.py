@@ -8,12 +8,13 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.async_engine import AsyncLLMEngine
 from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine
-from gateway import chat, ops
+from gateway import chat, ops, responses, responses_ws
 from gateway.errors import error_body, install_error_handlers
 from gateway.session_store import open_session_store
 from gateway.sessions import SessionManager
@@ -48,7 +49,7 @@ def create_app(settings: GatewaySettings | None = None, engine: LLMEngine | None
     app = FastAPI(title="agentserve", lifespan=lifespan)
     app.state.gateway = state
     install_error_handlers(app)
-    for router in (chat.router, ops.router):
+    for router in (chat.router, ops.router, responses.router, responses_ws.router):
         app.include_router(router)
     app.add_middleware(Guard, state=state)
     return app
@@ -82,13 +83,15 @@ class Guard:
             self.state.in_flight -= 1
 
 
-class BodyTooLarge(Exception):
-    pass
+class BodyTooLarge(StarletteHTTPException):
+    """An HTTPException, so that FastAPI re-raises it from its body parsing instead of answering 400."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"request body is larger than {limit} bytes")
 
 
 def _too_large(limit: int) -> dict[str, Any]:
-    return error_body(f"request body is larger than {limit} bytes", "invalid_request_error", None,
-                      "request_too_large")
+    return error_body(BodyTooLarge(limit).detail, "invalid_request_error", None, "request_too_large")
 
 
 def _declared_length(scope: Scope) -> int:
@@ -107,7 +110,7 @@ def _limited(receive: Receive, limit: int) -> Receive:
         message = await receive()
         seen += len(message.get("body", b""))
         if seen > limit:
-            raise BodyTooLarge
+            raise BodyTooLarge(limit)
         return message
 
     return wrapped
