@@ -28,12 +28,13 @@ end to end keep every header and payload 64-byte aligned (what shared-memory rin
 
 Checks run cheapest first: magic, version (before anything whose layout a newer version may change),
 header checksum, then shape against the payload length and the receiver's expected shape, then the
-payload checksum. CRC32C is used when the `crc32c` or `google-crc32c` package is installed (hardware
-CRC instructions), else zlib's CRC32; the frame names the one it carries.
+payload checksum. CRC32C is used when the `crc32c` package is installed (hardware CRC instructions), else
+zlib's CRC32; the frame names the one it carries.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import struct
 import zlib
@@ -41,7 +42,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from enum import IntEnum
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
@@ -66,30 +67,18 @@ class ChecksumKind(IntEnum):
     CRC32 = 2
 
 
-def _crc32c_function() -> Callable[[Any], int] | None:
-    try:
-        import crc32c  # type: ignore[import-not-found]
-
-        return lambda data: int(crc32c.crc32c(data))
-    except ImportError:
-        pass
-    try:
-        import google_crc32c  # type: ignore[import-not-found]
-
-        return lambda data: int(google_crc32c.value(bytes(data)))
-    except ImportError:
-        return None
-
-
 def _checksum_functions() -> Mapping[ChecksumKind, Callable[[Any], int]]:
     functions: dict[ChecksumKind, Callable[[Any], int]] = {ChecksumKind.CRC32: zlib.crc32}
-    crc32c = _crc32c_function()
-    if crc32c is not None:
-        functions[ChecksumKind.CRC32C] = crc32c
+    with contextlib.suppress(ImportError):
+        import crc32c
+
+        functions[ChecksumKind.CRC32C] = crc32c.crc32c
     return MappingProxyType(functions)
 
 
 CHECKSUMS = _checksum_functions()
+_CHECKSUM_CODES: Mapping[int, ChecksumKind] = MappingProxyType({kind.value: kind for kind in CHECKSUMS})
+_ZEROS = bytes(ALIGNMENT)
 DEFAULT_CHECKSUM = ChecksumKind.CRC32C if ChecksumKind.CRC32C in CHECKSUMS else ChecksumKind.CRC32
 
 
@@ -190,8 +179,7 @@ def kv_layer_shape(kv_heads: int, head_dim: int) -> ExpectedShape:
     return ExpectedShape((2, None, kv_heads, head_dim))
 
 
-@dataclass(frozen=True)
-class FrameHeader:
+class FrameHeader(NamedTuple):
     dtype: torch.dtype
     checksum_kind: ChecksumKind
     layer: int
@@ -245,12 +233,12 @@ def frame_nbytes(payload_nbytes: int) -> int:
 
 
 def payload_nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
-    return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return math.prod(shape) * dtype.itemsize
 
 
 def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     """The bytes of a contiguous tensor as a flat memoryview of its own memory."""
-    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+    return tensor.detach().reshape(-1).view(torch.uint8).numpy().data
 
 
 def _header_for(block: KVBlock, checksum_kind: ChecksumKind, payload_checksum: int) -> FrameHeader:
@@ -262,7 +250,7 @@ def _header_for(block: KVBlock, checksum_kind: ChecksumKind, payload_checksum: i
 def encode(block: KVBlock, checksum_kind: ChecksumKind = DEFAULT_CHECKSUM) -> EncodedFrame:
     payload = tensor_bytes(block.tensor.contiguous())
     header = _header_for(block, checksum_kind, CHECKSUMS[checksum_kind](payload))
-    return EncodedFrame(header.pack(), payload, bytes(padded(payload.nbytes) - payload.nbytes))
+    return EncodedFrame(header.pack(), payload, _ZEROS[:padded(payload.nbytes) - payload.nbytes])
 
 
 def encode_into(block: KVBlock, dest: memoryview, checksum_kind: ChecksumKind = DEFAULT_CHECKSUM) -> int:
@@ -272,8 +260,8 @@ def encode_into(block: KVBlock, dest: memoryview, checksum_kind: ChecksumKind = 
     if dest.nbytes < frame_nbytes(nbytes):
         raise ValueError(f"a {frame_nbytes(nbytes)}-byte frame does not fit {dest.nbytes} bytes")
     payload = dest[HEADER_SIZE:HEADER_SIZE + nbytes]
-    torch.frombuffer(payload, dtype=torch.uint8).view(block.tensor.dtype).view(shape).copy_(block.tensor)
-    dest[HEADER_SIZE + nbytes:frame_nbytes(nbytes)] = bytes(padded(nbytes) - nbytes)
+    torch.frombuffer(payload, dtype=block.tensor.dtype).view(shape).copy_(block.tensor)
+    dest[HEADER_SIZE + nbytes:frame_nbytes(nbytes)] = _ZEROS[:padded(nbytes) - nbytes]
     dest[:HEADER_SIZE] = _header_for(block, checksum_kind, CHECKSUMS[checksum_kind](payload)).pack()
     return frame_nbytes(nbytes)
 
@@ -297,13 +285,13 @@ def parse_header(buffer: bytes | bytearray | memoryview) -> FrameHeader:
 def _unpack_fields(view: memoryview) -> FrameHeader:
     (_, version, dtype_code, checksum_code, layer, start, end, ndim, block_hash, *dims, nbytes,
      payload_checksum) = _HEADER_BODY.unpack_from(view)
-    if dtype_code not in CODE_DTYPES or checksum_code not in ChecksumKind.__members__.values():
-        raise BadHeader(f"unknown dtype code {dtype_code} or checksum kind {checksum_code}")
-    if ChecksumKind(checksum_code) not in CHECKSUMS:
-        raise BadHeader(f"checksum {ChecksumKind(checksum_code).name} is not available here")
+    if dtype_code not in CODE_DTYPES:
+        raise BadHeader(f"unknown dtype code {dtype_code}")
+    if checksum_code not in _CHECKSUM_CODES:
+        raise BadHeader(f"checksum kind {checksum_code} is unknown or not available here")
     if not 1 <= ndim <= MAX_NDIM:
         raise BadHeader(f"ndim {ndim} outside 1..{MAX_NDIM}")
-    return FrameHeader(CODE_DTYPES[dtype_code], ChecksumKind(checksum_code), layer, start, end, block_hash,
+    return FrameHeader(CODE_DTYPES[dtype_code], _CHECKSUM_CODES[checksum_code], layer, start, end, block_hash,
                        tuple(dims[:ndim]), nbytes, payload_checksum, version)
 
 
@@ -324,7 +312,7 @@ def decode_payload(header: FrameHeader, payload: memoryview, expected: ExpectedS
     if CHECKSUMS[header.checksum_kind](payload) != header.payload_checksum:
         raise BadChecksum(f"payload checksum mismatch (layer {header.layer}, tokens {header.token_start}..)")
     data = bytearray(payload) if payload.readonly else payload
-    tensor = torch.frombuffer(data, dtype=torch.uint8).view(header.dtype).view(header.shape)
+    tensor = torch.frombuffer(data, dtype=header.dtype).view(header.shape)
     return KVBlock(header.layer, header.token_start, header.token_end, header.block_hash, tensor)
 
 

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from engine.config import EngineSettings
 from engine.llm_engine import Completion, LLMEngine
+from engine.qos import add_qos_arguments, main_qos
 from engine.sampling import SamplingParams
 from gateway.settings import GatewaySettings
+
+if TYPE_CHECKING:
+    from engine.worker.coordinator import DisaggregatedEngine
 
 EXIT_BAD_INPUT = 2
 
@@ -41,6 +47,9 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--repeat", type=int, default=1, help="run the same request K times in one engine")
     p.add_argument("--json", action="store_true", help="print one JSON object per run")
+    p.add_argument("--disaggregated", action="store_true",
+                   help="prefill and decode in separate worker processes (configs/deployment.yaml)")
+    p.add_argument("--transport", choices=["shm", "tcp", "rdma"], help="KV transport between the workers")
     p.set_defaults(run=_run_generate)
 
 
@@ -50,11 +59,25 @@ def _run_generate(args: argparse.Namespace) -> None:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed, stop=args.stop)
     params.validate()
-    engine = LLMEngine(args.model, EngineSettings())
+    engine = _engine(args)
     prompt = args.prompt if args.prompt is not None else args.prompt_ids
-    for _ in range(args.repeat):
-        [result] = engine.generate([prompt], params)
-        print(json.dumps(_as_json(result)) if args.json else result.text, flush=True)
+    try:
+        for _ in range(args.repeat):
+            [result] = engine.generate([prompt], params)
+            print(json.dumps(_as_json(result)) if args.json else result.text, flush=True)
+    finally:
+        if not isinstance(engine, LLMEngine):
+            engine.shutdown()
+
+
+def _engine(args: argparse.Namespace) -> LLMEngine | DisaggregatedEngine:
+    if not args.disaggregated:
+        return LLMEngine(args.model, EngineSettings())
+    from engine.worker.coordinator import DisaggregatedEngine  # worker processes, transports: only when asked
+    from engine.worker.deployment import DeploymentSettings
+
+    deployment = DeploymentSettings(**({"transport": args.transport} if args.transport else {}))
+    return DisaggregatedEngine(args.model, EngineSettings(), deployment)
 
 
 def _as_json(result: Completion) -> dict[str, object]:
@@ -85,19 +108,28 @@ def _run_serve(args: argparse.Namespace) -> None:
     serve(GatewaySettings(**overrides))
 
 
+BENCHMARKS = {
+    "engine": ("agents_eval.engine_bench", "our engine against transformers' generate"),
+    "trajectory": ("agents_eval.trajectory_bench", "turn-delta reuse, trace replay, pruning, KV, phase shifts"),
+    "disagg": ("agents_eval.disagg_bench", "prefill/decode interference, KV hiding, role switches"),
+    "kv-transfer": ("agents_eval.kv_transfer_bench", "KV transfer speed per transport against baselines"),
+}
+
+
 def _add_bench(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="benchmarks (agents_eval)")
+    p = sub.add_parser("bench", help="benchmarks (agents_eval); each writes report.json, report.md, a plot")
     kinds = p.add_subparsers(dest="kind", required=True)
-    engine = kinds.add_parser("engine", help="our engine against transformers' generate")
-    from agents_eval.engine_bench import add_arguments, run
+    for name, (module_name, help_text) in BENCHMARKS.items():
+        module = importlib.import_module(module_name)
+        bench = kinds.add_parser(name, help=help_text)
+        module.add_arguments(bench)
+        bench.set_defaults(run=module.run)
 
-    add_arguments(engine)
-    engine.set_defaults(run=run)
-    trajectory = kinds.add_parser("trajectory", help="turn-delta reuse, trace replay, pruning, KV, phase shifts")
-    from agents_eval import trajectory_bench
 
-    trajectory_bench.add_arguments(trajectory)
-    trajectory.set_defaults(run=trajectory_bench.run)
+def _add_qos(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("qos", help="traffic classes from configs/qos.yaml: DSCP marks, InfiniBand opensm QoS")
+    add_qos_arguments(p)
+    p.set_defaults(run=lambda args: sys.exit(main_qos(args)))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     _add_serve(sub)
     _add_bench(sub)
+    _add_qos(sub)
     return parser
 
 

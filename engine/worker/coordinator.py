@@ -74,6 +74,7 @@ class DisaggregatedEngine:
         self.role_switches: list[float] = []  # seconds from SetRole to applied, offset-corrected
         self.dead_workers: list[int] = []
         self._ids = itertools.count()
+        self._counters: dict[int, m.KVCounters] = {}
 
     def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None) -> str:
         token_ids = self.validator.validate(prompt, params)
@@ -142,6 +143,8 @@ class DisaggregatedEngine:
             return [out for raw in event.outputs if (out := self._relay(raw)) is not None]
         if isinstance(event, m.Prefilled):
             self._forward_handoff(worker, event)
+        elif isinstance(event, m.Counters):
+            self._counters[event.worker_id] = event.counters
         elif isinstance(event, m.RoleChanged):
             applied = event.applied_at - worker.clock_offset_s
             self.role_switches.append(max(0.0, applied - event.sent_at))
@@ -201,6 +204,23 @@ class DisaggregatedEngine:
         tracked.attempt += 1
         tracked.skip, tracked.skip_chars = tracked.emitted, tracked.emitted_chars
         self._dispatch(tracked)
+
+    def inject_kv_fault(self, fault: str | None) -> None:
+        """Failure testing only: make every prefill worker damage its KV transfers (None: stop)."""
+        for worker in self.workers:
+            if worker.alive:
+                worker.send(m.InjectKVFault(fault))
+
+    def kv_counters(self, timeout_s: float = 10.0) -> dict[int, m.KVCounters]:
+        """Each live worker's KV receive counters (asked between their steps)."""
+        for worker in self.workers:
+            if worker.alive:
+                worker.send(m.CountersQuery())
+        self._counters.clear()
+        deadline = time.monotonic() + timeout_s
+        while len(self._counters) < sum(w.alive for w in self.workers) and time.monotonic() < deadline:
+            self.step()
+        return dict(self._counters)
 
     def set_role(self, worker_id: int, role: str) -> None:
         worker = self.workers[worker_id]

@@ -7,6 +7,7 @@ in the hand-off, which is how it matches blocks to requests."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -58,17 +59,21 @@ FAULTS = ("corrupt_payload", "wrong_version", "cut", "drop")  # injected on purp
 
 class LayerStreamer:
     def __init__(self, engine: LLMEngine, connect: Callable[[str], KVSender], fault: str | None = None) -> None:
-        if fault is not None and fault not in FAULTS:
-            raise ValueError(f"unknown KV fault {fault!r}; known: {FAULTS}")
         self.engine = engine
         self._connect = connect
-        self.fault = fault
+        self.fault: str | None = None
+        self.set_fault(fault)
         self._senders: dict[str, KVSender] = {}
         self.targets: dict[str, str] = {}  # request id -> decode worker's KV address
         self.stats: dict[str, TransferStats] = {}
         self._queue: queue.SimpleQueue[tuple[str, str, list[KVBlock]] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._send_loop, name="kv-sender", daemon=True)
         self._thread.start()
+
+    def set_fault(self, fault: str | None) -> None:
+        if fault is not None and fault not in FAULTS:
+            raise ValueError(f"unknown KV fault {fault!r}; known: {FAULTS}")
+        self.fault = fault
 
     def on_layer(self, batch: ScheduledBatch, layer: int) -> None:
         """Called by the engine after each layer: queue that layer of every prefill finishing now."""
@@ -92,6 +97,20 @@ class LayerStreamer:
             stats.done.wait(timeout_s)
         return stats, max(0.0, stats.last_sent_at - computed_at)
 
+    def _send_with_retry(self, request_id: str, address: str, blocks: list[KVBlock], stats: TransferStats) -> None:
+        """A connection the receiver dropped (after a bad frame, say) is replaced once; if that fails too,
+        the decode side times out and recomputes."""
+        for attempt in (1, 2):
+            try:
+                self._send(address, blocks, stats)
+                return
+            except (OSError, EOFError, TransportError) as error:
+                log.warning("KV transfer of %s to %s failed (attempt %d): %s", request_id, address, attempt, error)
+                stale = self._senders.pop(address, None)
+                if stale is not None:
+                    with contextlib.suppress(OSError, TransportError):
+                        stale.close()
+
     def _send(self, address: str, blocks: list[KVBlock], stats: TransferStats) -> None:
         sender = self._senders.get(address) or self._senders.setdefault(address, self._connect(address))
         if self.fault in ("cut", "drop"):
@@ -114,11 +133,7 @@ class LayerStreamer:
             request_id, address, blocks = item
             stats = self.stats.get(request_id) or TransferStats()
             started = time.monotonic()
-            try:
-                self._send(address, blocks, stats)
-            except (OSError, EOFError, TransportError) as error:  # the decode side times out and recomputes
-                log.warning("KV transfer of %s to %s failed: %s", request_id, address, error)
-                self._senders.pop(address, None)
+            self._send_with_retry(request_id, address, blocks, stats)
             stats.last_sent_at = time.monotonic()
             stats.send_seconds += stats.last_sent_at - started
             stats.pending -= 1

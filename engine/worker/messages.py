@@ -49,7 +49,19 @@ class Shutdown:
     deadline_s: float
 
 
-Command = Submit | AcceptHandoff | Abort | SetRole | Ping | Shutdown
+@dataclass
+class InjectKVFault:
+    """Failure testing only: damage this prefill worker's KV transfers (see kv_stream.FAULTS)."""
+
+    fault: str | None
+
+
+@dataclass
+class CountersQuery:
+    pass
+
+
+Command = Submit | AcceptHandoff | Abort | SetRole | Ping | Shutdown | InjectKVFault | CountersQuery
 
 
 # worker -> coordinator
@@ -101,4 +113,10 @@ class Stopped:
     counters: KVCounters
 
 
-Event = Ready | Outputs | Prefilled | RoleChanged | Pong | Stopped
+@dataclass
+class Counters:
+    worker_id: int
+    counters: KVCounters
+
+
+Event = Ready | Outputs | Prefilled | RoleChanged | Pong | Stopped | Counters

@@ -92,6 +92,10 @@ class Worker:
             self.conn.send(m.Pong(command.sent_at, time.time()))
         elif isinstance(command, m.Shutdown):
             self.stopping = True
+        elif isinstance(command, m.InjectKVFault):
+            self.streamer.set_fault(command.fault)
+        elif isinstance(command, m.CountersQuery):
+            self.conn.send(m.Counters(self.spec.worker_id, self.assembler.counters))
 
     def _submit(self, command: m.Submit) -> None:
         prefill_only = command.decode_address is not None

@@ -1,0 +1,173 @@
+"""The one interface every KV transport implements, and the settings they share.
+
+A receiver listens first and publishes its address; a sender connects to the address and ships Layer
+Blocks as `engine.kv_wire` frames. A receiver checks every frame (magic, version, checksums, shape),
+counts it in `counters`, and raises the `KVWireError` of a rejected one, which the decode side answers by
+recomputing that KV. `recv` returns a block that owns its memory; `recv_borrowed` may hand out a view into
+the transport's own buffer (zero copy), valid until it is released.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Self
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.kv_wire import DEFAULT_CHECKSUM, ChecksumKind, ExpectedShape, KVBlock, KVWireError, WireCounters
+
+Buffer = bytes | bytearray | memoryview
+
+
+class TransportError(Exception):
+    """The connection itself failed: peer gone, no room before the deadline, address unusable."""
+
+
+class TransportSettings(BaseModel):
+    """Knobs of every transport; the engine's settings nest one of these."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    traffic_class: str = "kv"  # a class of configs/qos.yaml: sets the DSCP mark (tcp) and service level (rdma)
+    qos_config: str | None = None  # path of the QoS YAML; None: configs/qos.yaml
+    host: str = "127.0.0.1"  # where tcp and the rdma bootstrap listen
+    port: int = Field(default=0, ge=0, le=65535)  # 0: an ephemeral port
+    checksum: ChecksumKind = DEFAULT_CHECKSUM
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    send_timeout_s: float = Field(default=10.0, gt=0)  # a sender waiting for room longer than this fails
+    frame_timeout_s: float = Field(default=5.0, gt=0)  # a frame whose rest stalls longer than this is cut
+    max_frame_bytes: int = Field(default=1 << 30, gt=0)
+    shm_ring_bytes: int = Field(default=64 << 20, ge=1 << 16)
+    poll_interval_s: float = Field(default=0.0005, gt=0)  # longest sleep between polls of a ring or queue
+    rdma_device: str | None = None  # None: the first device
+    rdma_port: int = Field(default=1, ge=1)
+    rdma_gid_index: int = Field(default=0, ge=0)
+    rdma_region_bytes: int = Field(default=64 << 20, gt=0)
+    rdma_max_frame_bytes: int = Field(default=1 << 20, gt=0)  # slot size of the registered region
+
+
+@dataclass
+class BorrowedBlock:
+    """A received block whose tensor may view the transport's buffer; `release` hands the room back."""
+
+    block: KVBlock
+    release: Callable[[], None]
+
+    def __enter__(self) -> KVBlock:
+        return self.block
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.release()
+
+
+def _no_release() -> None:
+    return None
+
+
+class KVSender(ABC):
+    @abstractmethod
+    def send(self, block: KVBlock) -> None: ...
+
+    @abstractmethod
+    def send_frame(self, frame: Buffer) -> None:
+        """Ship bytes that are already one encoded frame, as they are (relays; tests of rejection)."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def send_many(self, blocks: Iterable[KVBlock]) -> None:
+        for block in blocks:
+            self.send(block)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.close()
+
+
+class KVReceiver(ABC):
+    def __init__(self, expected: ExpectedShape | None) -> None:
+        self.expected = expected
+        self.counters = WireCounters()
+
+    @abstractmethod
+    def recv(self, timeout_s: float) -> KVBlock | None:
+        """The next block, owning its memory; None when none arrives within timeout_s."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def recv_borrowed(self, timeout_s: float) -> BorrowedBlock | None:
+        block = self.recv(timeout_s)
+        return None if block is None else BorrowedBlock(block, _no_release)
+
+    def _counted(self, decode: Callable[[], KVBlock]) -> KVBlock:
+        try:
+            block = decode()
+        except KVWireError as error:
+            self.counters.reject(error)
+            raise
+        self.counters.accepted += 1
+        return block
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.close()
+
+
+class ZeroCopyReceiver(KVReceiver):
+    """A receiver whose blocks view its own buffer: `recv` copies each one once into a tensor it owns."""
+
+    @abstractmethod
+    def recv_borrowed(self, timeout_s: float) -> BorrowedBlock | None: ...
+
+    def recv(self, timeout_s: float) -> KVBlock | None:
+        borrowed = self.recv_borrowed(timeout_s)
+        if borrowed is None:
+            return None
+        with borrowed as block:
+            return KVBlock(block.layer, block.token_start, block.token_end, block.block_hash, block.tensor.clone())
+
+
+class Transport(ABC):
+    name: str
+
+    def __init__(self, settings: TransportSettings) -> None:
+        self.settings = settings
+
+    @abstractmethod
+    def listen(self, expected: ExpectedShape | None = None) -> tuple[str, KVReceiver]:
+        """A receiver and the address a sender connects to; `expected` narrows the shapes it accepts."""
+
+    @abstractmethod
+    def connect(self, address: str) -> KVSender: ...
+
+
+def split_address(address: str, scheme: str) -> str:
+    prefix = f"{scheme}://"
+    if not address.startswith(prefix):
+        raise TransportError(f"{address!r} is not a {scheme} address ({prefix}...)")
+    return address[len(prefix):]
+
+
+def poll_until(ready: Callable[[], bool], deadline: float, max_sleep_s: float) -> bool:
+    """Poll `ready` until it holds (True) or time.monotonic() passes `deadline` (False); the sleep between
+    polls starts at a bare yield and doubles up to max_sleep_s."""
+    sleep_s = 0.0
+    while not ready():
+        now = time.monotonic()
+        if now >= deadline:
+            return False
+        time.sleep(min(sleep_s, deadline - now))
+        sleep_s = min(max(2 * sleep_s, 1e-5), max_sleep_s)
+    return True
