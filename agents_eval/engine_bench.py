@@ -30,7 +30,7 @@ from agents_eval.engine_bench_workload import (
     make_workload,
     random_prompt,
 )
-from agents_eval.report import ReportFiles, write_report
+from agents_eval.report import ReportFiles, machine_info, write_report
 from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine
 
@@ -142,6 +142,7 @@ def run_benchmark(settings: BenchSettings, out_dir: Path, engine_settings: Engin
     progress = progress or Progress(disable=True)
     start = time.perf_counter()
     torch.set_num_threads(settings.threads)
+    machine = machine_info()  # before the run, so its load average shows other work, not ours
     threads = {"num_threads": settings.threads}
     engine = LLMEngine(settings.model, (engine_settings or EngineSettings()).model_copy(update=threads))
     _check_fits(settings, engine)
@@ -151,9 +152,13 @@ def run_benchmark(settings: BenchSettings, out_dir: Path, engine_settings: Engin
     figures = Figures(workload, runs | hf_runs, _time_prefix_cache(settings, engine, progress),
                       attn_implementation)
     settings_json = asdict(settings) | {"num_threads": settings.threads}
-    report = bench_report.report_json(settings_json, engine, figures, time.perf_counter() - start)
+    load_at_end = os.getloadavg()
+    end = {"bench_wall_s": time.perf_counter() - start, "load_average_at_end": list(load_at_end)}
+    report = bench_report.report_json(settings_json, machine, engine, figures, end)
+    notes = bench_report.busy_notes(machine["load_average"][0], load_at_end[0], settings.threads,
+                                    machine["cpu_count"] or 1)
     files = write_report(out_dir, report, "agentserve engine benchmark", bench_report.tables(figures),
-                         bench_report.throughput_chart(_chart_title(settings), figures))
+                         bench_report.throughput_chart(_chart_title(settings), figures), notes)
     return BenchResult(report, figures, files, files.markdown.read_text())
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agents_eval.engine_bench_workload import BenchRequest, RunResult
+from agents_eval.engine_bench_workload import BenchRequest, RunResult, Stopwatch
 from engine.llm_engine import LLMEngine, Prompt
 from engine.sampling import SamplingParams
 
@@ -35,14 +35,13 @@ def reset_prefix_cache(engine: LLMEngine) -> None:
 def run_engine(engine: LLMEngine, workload: list[BenchRequest], advance: Advance) -> RunResult:
     """All requests submitted at once, then stepped until every one has finished."""
     tokens: list[list[int]] = [[] for _ in workload]
-    start = time.perf_counter()
+    stopwatch = Stopwatch()
     index = {engine.add_request(r.prompt, greedy(r.output_len)): i for i, r in enumerate(workload)}
     while engine.has_unfinished():
         for out in engine.step():
             tokens[index[out.request_id]] += out.new_token_ids
             advance(int(out.finished))
-    wall_s = time.perf_counter() - start
-    return RunResult("agentserve engine", wall_s, tokens, sum(len(t) for t in tokens))
+    return RunResult("agentserve engine", *stopwatch.read(), tokens, sum(len(t) for t in tokens))
 
 
 @dataclass

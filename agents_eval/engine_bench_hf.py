@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import cast
 
@@ -10,7 +9,7 @@ import torch
 import transformers
 from torch import nn
 
-from agents_eval.engine_bench_workload import BenchRequest, RunResult
+from agents_eval.engine_bench_workload import BenchRequest, RunResult, Stopwatch
 from engine.config import ModelConfig
 
 Advance = Callable[[int], None]
@@ -66,13 +65,12 @@ def run_sequential(hf_model: transformers.PreTrainedModel, workload: list[BenchR
                    advance: Advance) -> RunResult:
     """`generate` one request at a time: the usual batch-1 baseline."""
     tokens = []
-    start = time.perf_counter()
+    stopwatch = Stopwatch()
     for request in workload:
         ids, mask = left_pad([request.prompt])
         tokens.append(_generate(hf_model, ids, mask, request.output_len)[0].tolist())
         advance(1)
-    wall_s = time.perf_counter() - start
-    return RunResult("HF generate (batch 1)", wall_s, tokens, sum(len(t) for t in tokens))
+    return RunResult("HF generate (batch 1)", *stopwatch.read(), tokens, sum(len(t) for t in tokens))
 
 
 def run_batched(hf_model: transformers.PreTrainedModel, workload: list[BenchRequest], batch_size: int,
@@ -81,7 +79,7 @@ def run_batched(hf_model: transformers.PreTrainedModel, workload: list[BenchRequ
     request's own output tokens count as useful."""
     tokens: list[list[int]] = []
     generated = 0
-    start = time.perf_counter()
+    stopwatch = Stopwatch()
     for first in range(0, len(workload), batch_size):
         batch = workload[first:first + batch_size]
         ids, mask = left_pad([r.prompt for r in batch])
@@ -89,5 +87,4 @@ def run_batched(hf_model: transformers.PreTrainedModel, workload: list[BenchRequ
         tokens += [row[:r.output_len].tolist() for row, r in zip(new, batch, strict=True)]
         generated += new.numel()
         advance(len(batch))
-    wall_s = time.perf_counter() - start
-    return RunResult(f"HF generate (batches of {batch_size})", wall_s, tokens, generated)
+    return RunResult(f"HF generate (batches of {batch_size})", *stopwatch.read(), tokens, generated)

@@ -8,13 +8,14 @@ from typing import Any
 
 from agents_eval.engine_bench_engine import PrefixCacheTiming
 from agents_eval.engine_bench_workload import BenchRequest, RunResult
-from agents_eval.report import BarChart, Table, machine_info
+from agents_eval.report import BarChart, Table
 from engine.llm_engine import LLMEngine
 
 GOAL_RATIO = 3.0
 ENGINE_KEY, SEQUENTIAL_KEY, BATCHED_KEY = "engine", "hf_sequential", "hf_batched"
 THROUGHPUT_HEADERS = ["configuration", "output tok/s", "wall s", "ratio (engine ÷ this)"]
 PREFIX_HEADERS = ["prefix cache", "time ms", "cached tokens", "speed-up"]
+BUSY_LOAD_PER_CPU = 0.25  # a 1-minute load average above this share of the CPUs: other work is running
 
 
 @dataclass
@@ -48,22 +49,23 @@ def _runs_json(figures: Figures, engine: LLMEngine) -> dict[str, Any]:
     return runs
 
 
-def report_json(settings: dict[str, Any], engine: LLMEngine, figures: Figures,
-                bench_wall_s: float) -> dict[str, Any]:
+def report_json(settings: dict[str, Any], machine: dict[str, Any], engine: LLMEngine, figures: Figures,
+                end: dict[str, Any]) -> dict[str, Any]:
+    """end: figures taken after the run (`bench_wall_s`, `load_average_at_end`)."""
     workload = figures.workload
     return {
         "benchmark": "engine",
         "settings": settings,
         "engine_settings": engine.settings.model_dump(),
         "model_config": engine.config.to_hf_dict(),
-        "machine": machine_info(),
+        "machine": machine,
         "workload": {"num_requests": len(workload), "input_tokens": sum(len(r.prompt) for r in workload),
                      "output_tokens": sum(r.output_len for r in workload)},
         **_runs_json(figures, engine),
         "hf_attn_implementation": figures.hf_attn_implementation,
         "ratios": _ratios(figures),
         "prefix_cache": figures.prefix.to_json(),
-        "bench_wall_s": bench_wall_s,
+        **end,
     }
 
 
@@ -90,3 +92,16 @@ def throughput_chart(title: str, figures: Figures) -> BarChart:
     runs = list(figures.runs.values())
     return BarChart("throughput.png", title, "output tokens / s",
                     [run.label for run in runs], [run.tokens_per_s for run in runs])
+
+
+def busy_notes(load_at_start: float, load_at_end: float, threads: int, cpu_count: int) -> list[str]:
+    """Warnings for report.md when other processes shared the machine (our own run adds `threads`)."""
+    slack = BUSY_LOAD_PER_CPU * cpu_count
+    notes = []
+    if load_at_start > slack:
+        notes.append(f"Other work was running before the benchmark (1-minute load average {load_at_start:.2f} "
+                     f"on {cpu_count} CPUs): wall times may be inflated.")
+    if load_at_end > threads + slack:
+        notes.append(f"Other work ran during the benchmark (1-minute load average {load_at_end:.2f} at the end, "
+                     f"{threads} of it ours): wall times may be inflated; report.json also has CPU seconds.")
+    return notes

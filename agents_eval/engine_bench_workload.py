@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,12 +25,25 @@ class LengthRange:
         return rng.randint(self.low, self.high)
 
 
+class Stopwatch:
+    """Wall time and this process's CPU time (every thread) since it was made; the CPU time is less
+    skewed than the wall time when other work shares the machine."""
+
+    def __init__(self) -> None:
+        self._wall = time.perf_counter()
+        self._cpu = time.process_time()
+
+    def read(self) -> tuple[float, float]:
+        return time.perf_counter() - self._wall, time.process_time() - self._cpu
+
+
 @dataclass
 class RunResult:
     """One configuration's run over the workload."""
 
     label: str
     wall_s: float
+    cpu_s: float
     tokens: list[list[int]]  # per request, its own output tokens only
     generated_tokens: int  # everything the configuration computed, padding waste included
 
@@ -45,6 +59,7 @@ class RunResult:
         report = {
             "label": self.label,
             "wall_s": self.wall_s,
+            "cpu_s": self.cpu_s,
             "output_tokens": self.output_tokens,
             "generated_tokens": self.generated_tokens,
             "output_tokens_per_s": self.tokens_per_s,

@@ -63,11 +63,13 @@ def machine_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "python": sys.version.split()[0],
+        "load_average": list(os.getloadavg()),  # 1, 5, 15 minutes: other work on the machine skews timings
     }
 
 
-def markdown_document(title: str, tables: Sequence[Table]) -> str:
-    return f"# {title}\n\n" + "\n".join(table.to_markdown() for table in tables)
+def markdown_document(title: str, tables: Sequence[Table], notes: Sequence[str] = ()) -> str:
+    body = "\n".join(table.to_markdown() for table in tables)
+    return f"# {title}\n\n" + "".join(f"> {note}\n\n" for note in notes) + body
 
 
 def save_bar_chart(chart: BarChart, path: Path) -> None:
@@ -83,10 +85,10 @@ def save_bar_chart(chart: BarChart, path: Path) -> None:
 
 
 def write_report(out_dir: Path, data: dict[str, Any], title: str, tables: Sequence[Table],
-                 chart: BarChart) -> ReportFiles:
+                 chart: BarChart, notes: Sequence[str] = ()) -> ReportFiles:
     out_dir.mkdir(parents=True, exist_ok=True)
     files = ReportFiles(out_dir / JSON_NAME, out_dir / MARKDOWN_NAME, out_dir / chart.filename)
     files.json.write_text(json.dumps(data, indent=2) + "\n")
-    files.markdown.write_text(markdown_document(title, tables))
+    files.markdown.write_text(markdown_document(title, tables, notes))
     save_bar_chart(chart, files.chart)
     return files

@@ -25,7 +25,6 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> BenchResult:
     return run_benchmark(SETTINGS, tmp_path_factory.mktemp("bench"), ENGINE_SETTINGS)
 
 
-@pytest.mark.slow
 def test_report_files_hold_every_figure(result: BenchResult) -> None:
     report = json.loads(result.files.json.read_text())
     assert report.keys() >= REPORT_KEYS
@@ -40,7 +39,6 @@ def test_report_files_hold_every_figure(result: BenchResult) -> None:
     assert result.files.chart.read_bytes().startswith(b"\x89PNG")
 
 
-@pytest.mark.slow
 def test_hf_baselines_generate_the_engines_greedy_tokens(result: BenchResult) -> None:
     runs = result.figures.runs
     lengths = [r.output_len for r in result.figures.workload]
@@ -50,7 +48,6 @@ def test_hf_baselines_generate_the_engines_greedy_tokens(result: BenchResult) ->
     assert result.report[SEQUENTIAL_KEY]["requests_matching_engine"] == SETTINGS.num_requests
 
 
-@pytest.mark.slow
 def test_warm_prefix_cache_serves_all_full_blocks(result: BenchResult) -> None:
     prefix = result.report["prefix_cache"]
     block = ENGINE_SETTINGS.block_size
@@ -67,7 +64,6 @@ def test_cli_rejects_an_empty_length_range(tmp_path: Path, capsys: pytest.Captur
     assert not any(tmp_path.iterdir())
 
 
-@pytest.mark.slow
 def test_cli_writes_the_report_and_prints_the_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("AGENTSERVE_ENGINE_NUM_KV_BLOCKS", "256")
