@@ -1,9 +1,10 @@
 """Paged attention in plain torch.
 
 KV cache of one layer: a tensor `[2, num_slots, num_kv_heads, head_dim]` (0 = keys, 1 = values), where
-slot = block_id * block_size + offset. A step's tokens are flattened: every prefill chunk first, then one
-token per decoding sequence. Each layer writes the step's new K/V into their slots, then attends over
-the slots of each sequence's whole context (cached prefix + new tokens).
+slot = block_id * block_size + offset. A step's tokens are flattened, one span per sequence (a prefill
+chunk, or the single token of a decode). Each layer writes the step's new K/V into their slots, then each
+span attends over the slots of its sequence's whole context (cached prefix + new tokens), gathered
+without padding: on a CPU the gather is the cost of a decode step, so no slot is copied twice.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import torch.nn.functional as F
 
 
 @dataclass
-class PrefillSpan:
-    """One sequence's chunk of new tokens that are not a single-token decode."""
+class QuerySpan:
+    """One sequence's new tokens in this step: a prefill chunk, or one decode token."""
 
     query_start: int  # index of the chunk's first token in the flattened step
     query_len: int
@@ -28,26 +29,19 @@ class PrefillSpan:
     def context_len(self) -> int:
         return int(self.context_slots.numel())
 
-    def to(self, device: torch.device) -> PrefillSpan:
+    def to(self, device: torch.device) -> QuerySpan:
         mask = None if self.attn_mask is None else self.attn_mask.to(device)
-        return PrefillSpan(self.query_start, self.query_len, self.context_slots.to(device), mask)
+        return QuerySpan(self.query_start, self.query_len, self.context_slots.to(device), mask)
 
 
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] long: where each new token's K/V goes
-    prefills: list[PrefillSpan]
-    decode_start: int  # tokens [decode_start:] are decodes, one per sequence
-    decode_slots: torch.Tensor | None = None  # [num_decodes, max_context] long, padded with slot 0
-    decode_mask: torch.Tensor | None = None  # [num_decodes, 1, 1, max_context] bool, True = attend
+    spans: list[QuerySpan]
     layer_done: Callable[[int], None] | None = None  # called after each layer (layer-wise KV streaming)
 
     def to(self, device: torch.device) -> AttentionMetadata:
-        def move(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.to(device)
-
-        return AttentionMetadata(self.slot_mapping.to(device), [p.to(device) for p in self.prefills],
-                                 self.decode_start, move(self.decode_slots), move(self.decode_mask), self.layer_done)
+        return AttentionMetadata(self.slot_mapping.to(device), [p.to(device) for p in self.spans], self.layer_done)
 
 
 def causal_mask(num_computed: int, query_len: int) -> torch.Tensor | None:
@@ -83,27 +77,16 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
     kv_cache[0].index_copy_(0, meta.slot_mapping, k)
     kv_cache[1].index_copy_(0, meta.slot_mapping, v)
     out = torch.empty_like(q)
-    for span in meta.prefills:
+    for span in meta.spans:
         end = span.query_start + span.query_len
         out[span.query_start:end] = _attend_span(q[span.query_start:end], kv_cache, span, scale)
-    if meta.decode_slots is not None:
-        out[meta.decode_start:] = _attend_decodes(q[meta.decode_start:], kv_cache, meta, scale)
     return out
 
 
-def _attend_span(q: torch.Tensor, kv_cache: torch.Tensor, span: PrefillSpan, scale: float) -> torch.Tensor:
+def _attend_span(q: torch.Tensor, kv_cache: torch.Tensor, span: QuerySpan, scale: float) -> torch.Tensor:
     keys = kv_cache[0].index_select(0, span.context_slots).transpose(0, 1)  # [KV, L, D]
     values = kv_cache[1].index_select(0, span.context_slots).transpose(0, 1)
+    causal = span.attn_mask is None and span.query_len > 1  # a lone query sees its whole context
     out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=span.attn_mask,
-                                         is_causal=span.attn_mask is None, scale=scale, enable_gqa=True)
+                                         is_causal=causal, scale=scale, enable_gqa=True)
     return out.transpose(0, 1)
-
-
-def _attend_decodes(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-                    scale: float) -> torch.Tensor:
-    assert meta.decode_slots is not None
-    keys = kv_cache[0][meta.decode_slots].transpose(1, 2)  # [B, KV, L, D]
-    values = kv_cache[1][meta.decode_slots].transpose(1, 2)
-    out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=meta.decode_mask,
-                                         scale=scale, enable_gqa=True)  # [B, H, 1, D]
-    return out.squeeze(2)

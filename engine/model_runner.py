@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import AttentionMetadata, PrefillSpan, causal_mask, new_kv_cache, span_mask
+from engine.attention import AttentionMetadata, QuerySpan, causal_mask, new_kv_cache, span_mask
 from engine.config import ModelConfig
 from engine.model import LlamaForCausalLM
 from engine.sampling import Sampler, TokenLogprob, token_logprob
@@ -47,7 +47,6 @@ class ModelRunner:
     def execute(self, batch: ScheduledBatch, block_tables: list[list[int]],
                 layer_done: Callable[[int], None] | None = None) -> StepResult:
         entries = [_Entry(s, n, b) for s, n, b in zip(batch.seqs, batch.num_new_tokens, block_tables, strict=True)]
-        entries.sort(key=lambda e: e.num_new == 1)  # prefill chunks first, then single-token decodes
         input_ids, positions, meta = self._prepare(entries)
         meta.layer_done = layer_done
         hidden = self.model(input_ids, positions, self.kv_caches, meta)
@@ -84,9 +83,7 @@ class ModelRunner:
         ids: list[int] = []
         positions: list[torch.Tensor] = []
         slot_mapping: list[torch.Tensor] = []
-        prefills: list[PrefillSpan] = []
-        decode_context: list[torch.Tensor] = []
-        decode_spans: list[list[tuple[int, int, int]]] = []
+        spans: list[QuerySpan] = []
         for entry in entries:
             start = entry.seq.num_computed_tokens
             end = start + entry.num_new
@@ -94,15 +91,8 @@ class ModelRunner:
             positions.append(torch.arange(start, end))
             context = self._slots(entry.block_ids, 0, end)
             slot_mapping.append(context[start:])
-            if entry.num_new == 1:
-                decode_context.append(context)
-                decode_spans.append(_spans(entry.seq))
-            else:
-                prefills.append(PrefillSpan(len(ids) - entry.num_new, entry.num_new, context,
-                                            _prefill_mask(entry.seq, start, end)))
-        meta = AttentionMetadata(torch.cat(slot_mapping), prefills, len(ids) - len(decode_context))
-        if decode_context:
-            meta.decode_slots, meta.decode_mask = _pad_decodes(decode_context, decode_spans)
+            spans.append(QuerySpan(len(ids) - entry.num_new, entry.num_new, context, _mask(entry.seq, start, end)))
+        meta = AttentionMetadata(torch.cat(slot_mapping), spans)
         to = self.device
         return torch.tensor(ids, device=to), torch.cat(positions).to(to), meta.to(to)
 
@@ -111,18 +101,8 @@ def _spans(seq: Sequence) -> list[tuple[int, int, int]]:
     return [(span.start, span.end, span.from_position) for span in seq.masked_spans]
 
 
-def _prefill_mask(seq: Sequence, start: int, end: int) -> torch.Tensor | None:
-    if not seq.masked_spans:
-        return causal_mask(start, end - start)
-    return span_mask(torch.arange(start, end), end, _spans(seq))
-
-
-def _pad_decodes(contexts: list[torch.Tensor],
-                 spans: list[list[tuple[int, int, int]]]) -> tuple[torch.Tensor, torch.Tensor]:
-    lengths = torch.tensor([c.numel() for c in contexts])
-    slots = torch.nn.utils.rnn.pad_sequence(contexts, batch_first=True)
-    mask = torch.arange(slots.shape[1]).unsqueeze(0) < lengths.unsqueeze(1)
-    for row, (length, seq_spans) in enumerate(zip(lengths.tolist(), spans, strict=True)):
-        if seq_spans:
-            mask[row, :length] &= span_mask(torch.tensor([length - 1]), length, seq_spans)[0]
-    return slots, mask[:, None, None, :]
+def _mask(seq: Sequence, start: int, end: int) -> torch.Tensor | None:
+    """None where attention needs no explicit mask: a fresh prefill (causal) or a plain decode (all)."""
+    if seq.masked_spans:
+        return span_mask(torch.arange(start, end), end, _spans(seq))
+    return None if end - start == 1 else causal_mask(start, end - start)

@@ -42,6 +42,7 @@ class TransportSettings(BaseModel):
     frame_timeout_s: float = Field(default=5.0, gt=0)  # a frame whose rest stalls longer than this is cut
     max_frame_bytes: int = Field(default=1 << 30, gt=0)
     shm_ring_bytes: int = Field(default=64 << 20, ge=1 << 16)
+    tcp_buffer_bytes: int = Field(default=4 << 20, ge=1 << 12)  # a tcp connection's receive buffer
     poll_interval_s: float = Field(default=0.0005, gt=0)  # longest sleep between polls of a ring or queue
     rdma_device: str | None = None  # None: the first device
     rdma_port: int = Field(default=1, ge=1)

@@ -264,7 +264,7 @@ class ShmReceiver(ZeroCopyReceiver):
         def readable() -> bool:
             return ring.used() > 0 or ring.get(SENDER_STATE) == SENDER_CLOSED
 
-        while poll_until(readable, deadline, self._settings.poll_interval_s) and ring.used() > 0:
+        while (ring.used() > 0 or poll_until(readable, deadline, self._settings.poll_interval_s)) and ring.used():
             offset = ring.get(READ_POS) % ring.capacity
             kind, frame_nbytes = RECORD_HEADER.unpack_from(ring.data, offset)
             if kind == FRAME_RECORD:

@@ -1,11 +1,12 @@
 """TCP transport: sockets marked with the DSCP of their traffic class (configs/qos.yaml, IP_TOS = dscp << 2).
 
 A sender writes frames with `sendmsg` of [header, the tensor's own bytes, padding], so a contiguous
-tensor is never copied in user space; `send_many` packs many frames into one call. The receiver reads a
-header, then `recv_into`s the payload straight into a tensor allocated for it, which the returned block
-owns (no further copy). One receiver accepts any number of senders; each connection's frames arrive in
-order. A frame whose header cannot be trusted (bad magic, version or header checksum), or whose rest
-does not arrive (EOF or a stall past frame_timeout_s), drops its connection: its stream has lost framing.
+tensor is never copied in user space; `send_many` packs many frames into one call. The receiver
+`recv_into`s a preallocated buffer per connection (many frames per system call) and cuts frames from it:
+`recv_borrowed` lends a tensor viewing that buffer, `recv` copies it once into a tensor of its own. One
+receiver accepts any number of senders, taking turns; each connection's frames arrive in order. A frame
+whose header cannot be trusted (bad magic, version or header checksum), or whose rest does not arrive
+(EOF, or a stall past frame_timeout_s), drops its connection: that stream has lost its framing.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ import selectors
 import socket
 import time
 from collections.abc import Iterable
-
-import torch
 
 from engine.kv_wire import (
     HEADER_SIZE,
@@ -31,12 +30,14 @@ from engine.kv_wire import (
 )
 from engine.qos import load_qos_config
 from engine.transport.base import (
+    BorrowedBlock,
     Buffer,
     KVReceiver,
     KVSender,
     Transport,
     TransportError,
     TransportSettings,
+    ZeroCopyReceiver,
     split_address,
 )
 
@@ -121,7 +122,62 @@ class TcpSender(KVSender):
             raise TransportError(f"send failed: {error}") from error
 
 
-class TcpReceiver(KVReceiver):
+class Stream:
+    """One connection's receive buffer: `recv_into` appends at `end`, frames are cut from `start`."""
+
+    def __init__(self, sock: socket.socket, nbytes: int) -> None:
+        self.sock = sock
+        self.buffer = bytearray(nbytes)
+        self.view = memoryview(self.buffer)
+        self.start = self.end = 0
+        self.eof = False
+
+    @property
+    def unread(self) -> int:
+        return self.end - self.start
+
+    def read_some(self) -> None:
+        """One `recv_into` (the socket is readable); marks EOF."""
+        self.make_room(1)
+        if self.end < len(self.buffer):
+            got = self.sock.recv_into(self.view[self.end:])
+            self.end += got
+            self.eof = got == 0
+
+    def fill_to(self, nbytes: int) -> None:
+        """Wait until `nbytes` unread bytes are here; a stall past the socket timeout or an EOF cuts."""
+        self.make_room(nbytes)
+        while self.unread < nbytes:
+            try:
+                got = self.sock.recv_into(self.view[self.end:])
+            except OSError as error:  # a timeout included: the rest stalled
+                raise TruncatedFrame(f"transfer cut: {error or 'stalled'}") from error
+            if got == 0:
+                raise TruncatedFrame("transfer cut: the sender closed mid-frame")
+            self.end += got
+
+    def make_room(self, nbytes: int) -> None:
+        """Room for `nbytes` from `start`: unread bytes move to the front, into a larger buffer if needed."""
+        if self.start == self.end:
+            self.start = self.end = 0
+        if self.start + nbytes <= len(self.buffer) and self.end < len(self.buffer):
+            return
+        unread = self.buffer[self.start:self.end]
+        if nbytes > len(self.buffer):
+            self.buffer = bytearray(nbytes)
+            self.view = memoryview(self.buffer)
+        self.view[:len(unread)] = unread
+        self.start, self.end = 0, len(unread)
+
+    def take(self, nbytes: int) -> memoryview:
+        frame = self.view[self.start:self.start + nbytes]
+        self.start += nbytes
+        return frame
+
+
+class TcpReceiver(ZeroCopyReceiver):
+    """Borrowed blocks view the connection's receive buffer; release one before receiving the next."""
+
     def __init__(self, settings: TransportSettings, expected: ExpectedShape | None) -> None:
         super().__init__(expected)
         self._settings = settings
@@ -132,70 +188,79 @@ class TcpReceiver(KVReceiver):
         self.address = format_address(settings.host, self.listener.getsockname()[1])
         self._selector = selectors.DefaultSelector()
         self._selector.register(self.listener, selectors.EVENT_READ)
-        self.connections: list[socket.socket] = []
+        self._streams: list[Stream] = []
+        self._lent = False
 
-    def recv(self, timeout_s: float) -> KVBlock | None:
+    @property
+    def connections(self) -> list[socket.socket]:
+        return [stream.sock for stream in self._streams]
+
+    def recv_borrowed(self, timeout_s: float) -> BorrowedBlock | None:
+        if self._lent:
+            raise TransportError("release the previous borrowed block before receiving the next")
         deadline = time.monotonic() + timeout_s
-        while True:
-            for key, _ in self._selector.select(max(deadline - time.monotonic(), 0)):
-                block = self._on_readable(key.fileobj)  # type: ignore[arg-type]
-                if block is not None:
-                    return block
-            if time.monotonic() >= deadline:
+        while (stream := self._buffered_stream()) is None:
+            if not self._read_ready(deadline):
                 return None
+        block = self._counted(lambda: self._cut_frame(stream))
+        self._lent = True
+        return BorrowedBlock(block, self._return_lease)
 
     def close(self) -> None:
-        for conn in list(self.connections):
-            self._drop(conn)
+        for stream in list(self._streams):
+            self._drop(stream)
         self._selector.close()
         self.listener.close()
 
-    def _on_readable(self, sock: socket.socket) -> KVBlock | None:
-        if sock is self.listener:
-            conn, _ = self.listener.accept()
-            mark_socket(conn, self._tos)
-            self._selector.register(conn, selectors.EVENT_READ)
-            self.connections.append(conn)
-            return None
-        header = memoryview(bytearray(HEADER_SIZE))
-        try:
-            sock.settimeout(self._settings.frame_timeout_s)
-            got = sock.recv_into(header)
-        except OSError:
-            got = 0
-        if got == 0:  # closed between frames
-            self._drop(sock)
-            return None
-        return self._counted(lambda: self._finish_frame(sock, header, got))
+    def _return_lease(self) -> None:
+        self._lent = False
 
-    def _finish_frame(self, sock: socket.socket, header_buf: memoryview, got: int) -> KVBlock:
+    def _buffered_stream(self) -> Stream | None:
+        """A stream with unread bytes, taking turns (it moves to the back)."""
+        for index, stream in enumerate(self._streams):
+            if stream.unread:
+                self._streams.append(self._streams.pop(index))
+                return stream
+        return None
+
+    def _read_ready(self, deadline: float) -> bool:
+        """Accept new senders and read what arrived; False once the deadline passed with nothing to read."""
+        events = self._selector.select(max(deadline - time.monotonic(), 0))
+        for key, _ in events:
+            if key.fileobj is self.listener:
+                self._accept()
+                continue
+            stream: Stream = key.data
+            stream.read_some()
+            if stream.eof and not stream.unread:  # closed between frames
+                self._drop(stream)
+        return bool(events) or time.monotonic() < deadline
+
+    def _accept(self) -> None:
+        conn, _ = self.listener.accept()
+        mark_socket(conn, self._tos)
+        conn.settimeout(self._settings.frame_timeout_s)
+        stream = Stream(conn, self._settings.tcp_buffer_bytes)
+        self._selector.register(conn, selectors.EVENT_READ, stream)
+        self._streams.append(stream)
+
+    def _cut_frame(self, stream: Stream) -> KVBlock:
+        """The next frame, read whole; a header that cannot be trusted or a cut drops the connection."""
         try:
-            self._recv_exact(sock, header_buf[got:])
-            header = parse_header(header_buf)
+            stream.fill_to(HEADER_SIZE)
+            header = parse_header(stream.view[stream.start:stream.start + HEADER_SIZE])
             if header.frame_nbytes > self._settings.max_frame_bytes:
                 raise BadHeader(f"a {header.frame_nbytes}-byte frame exceeds max_frame_bytes")
-            payload = torch.empty(header.frame_nbytes - HEADER_SIZE, dtype=torch.uint8).numpy().data
-            self._recv_exact(sock, payload)
+            stream.fill_to(header.frame_nbytes)
         except KVWireError:
-            self._drop(sock)
+            self._drop(stream)
             raise
-        return decode_payload(header, payload, self.expected)
+        return decode_payload(header, stream.take(header.frame_nbytes)[HEADER_SIZE:], self.expected)
 
-    @staticmethod
-    def _recv_exact(sock: socket.socket, view: memoryview) -> None:
-        while view.nbytes:
-            try:
-                got = sock.recv_into(view)
-            except OSError as error:  # a timeout included: the rest stalled
-                raise TruncatedFrame(f"transfer cut: {error or 'stalled'}") from error
-            if got == 0:
-                raise TruncatedFrame("transfer cut: the sender closed mid-frame")
-            view = view[got:]
-
-    def _drop(self, conn: socket.socket) -> None:
-        self._selector.unregister(conn)
-        self.connections.remove(conn)
-        conn.close()
+    def _drop(self, stream: Stream) -> None:
+        self._selector.unregister(stream.sock)
+        self._streams.remove(stream)
+        stream.sock.close()
 
 
 class TcpTransport(Transport):

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine.attention import AttentionMetadata, PrefillSpan, causal_mask, new_kv_cache
+from engine.attention import AttentionMetadata, QuerySpan, causal_mask, new_kv_cache
 from engine.loader import load_model
 from engine.model import LlamaForCausalLM
 
@@ -57,16 +57,16 @@ class Runner:
         ids, positions, slots, spans = [], [], [], []
         for seq, num_new in chunks:
             start, end = seq.num_computed, seq.num_computed + num_new
-            spans.append(PrefillSpan(len(ids), num_new, seq.slots(end), causal_mask(start, num_new)))
+            spans.append(QuerySpan(len(ids), num_new, seq.slots(end), causal_mask(start, num_new)))
             ids += seq.tokens[start:end]
             positions += range(start, end)
             slots += seq.slots(end)[start:].tolist()
-        decode_start = len(ids)
         for seq in decodes:
+            spans.append(QuerySpan(len(ids), 1, seq.slots(seq.num_computed + 1), None))  # sees all its context
             ids.append(seq.tokens[seq.num_computed])
             positions.append(seq.num_computed)
             slots.append(int(seq.slots(seq.num_computed + 1)[-1]))
-        meta = AttentionMetadata(torch.tensor(slots), spans, decode_start, *self._decode_tables(decodes))
+        meta = AttentionMetadata(torch.tensor(slots), spans)
         with torch.inference_mode():
             hidden = self.model(torch.tensor(ids), torch.tensor(positions), self.kv_caches, meta)
             logits = self.model.compute_logits(hidden)
@@ -75,18 +75,6 @@ class Runner:
         for seq in decodes:
             seq.num_computed += 1
         return logits
-
-    @staticmethod
-    def _decode_tables(decodes: list[Seq]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        if not decodes:
-            return None, None
-        lengths = [seq.num_computed + 1 for seq in decodes]
-        slots = torch.zeros(len(decodes), max(lengths), dtype=torch.long)
-        mask = torch.zeros(len(decodes), 1, 1, max(lengths), dtype=torch.bool)
-        for row, (seq, length) in enumerate(zip(decodes, lengths, strict=True)):
-            slots[row, :length] = seq.slots(length)
-            mask[row, ..., :length] = True
-        return slots, mask
 
 
 def random_tokens(n: int, vocab_size: int, seed: int) -> list[int]:
