@@ -7,20 +7,22 @@ Without one, the request is its own session and still reuses cached prefixes.
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from engine.sampling import TokenLogprob
 from gateway.errors import APIError
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
-from gateway.serving import ChoiceResult, Usage, generate_choices, record_reply, reply_message
+from gateway.serving import ChoiceResult, Usage, generate_choices, record_reply
 from gateway.state import GatewayState
-from gateway.streaming import ChatStreamWriter, sse_response
+from gateway.streaming import ChatStreamWriter, sse_error, sse_response, started
 
 router = APIRouter()
 Event = tuple[int, Any]
@@ -66,8 +68,7 @@ async def _chat_events(gw: GatewayState, body: ChatCompletionRequest, session_id
             usage.prompt_tokens, usage.cached_tokens = out.num_prompt_tokens, out.num_cached_tokens
             usage.completion_tokens += len(out.new_token_ids)
             yield index, writer.add(index, out)
-        first = writer.choices[0]
-        record_reply(gw, turn, plan, first, reply_message(first.text, bool(body.tools)))
+        record_reply(gw, turn, plan, writer.choices[0], writer.reply(0))
 
 
 @router.post("/v1/completions", response_model=None)
@@ -82,15 +83,18 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     created, completion_id = int(time.time()), f"cmpl-{uuid.uuid4().hex}"
     events = generate_choices(gw, token_ids, params)
     if body.stream:
-        return StreamingResponse(_completion_chunks(events, choices, usage, body, completion_id, created),
-                                 media_type="text/event-stream")
+        chunks = _completion_chunks(await started(events), choices, usage, body, completion_id, created,
+                                    gw.tokenizer.decode)
+        return StreamingResponse(chunks, media_type="text/event-stream")
     async for index, out in events:
         choices[index].add(out)
         usage.prompt_tokens, usage.cached_tokens = out.num_prompt_tokens, out.num_cached_tokens
     usage.completion_tokens = sum(len(c.token_ids) for c in choices)
+    wanted = body.logprobs is not None
     return JSONResponse({
         "id": completion_id, "object": "text_completion", "created": created, "model": body.model,
-        "choices": [{"index": c.index, "text": c.text, "finish_reason": c.finish_reason, "logprobs": None}
+        "choices": [{"index": c.index, "text": c.text, "finish_reason": c.finish_reason,
+                     "logprobs": _legacy_logprobs(gw.tokenizer.decode, c.logprobs, 0) if wanted else None}
                     for c in choices],
         "usage": usage.as_openai(),
     })
@@ -104,18 +108,33 @@ def _completion_prompt(prompt: str | list[int] | list[str]) -> str | list[int]:
     raise APIError(400, "batched prompts are not supported: send one prompt per request", param="prompt")
 
 
+def _legacy_logprobs(decode: Callable[[list[int]], str], logprobs: list[TokenLogprob],
+                     text_offset: int) -> dict[str, Any]:
+    """Text completions' logprobs: the tokens, theirs, the top alternatives', and where each token starts."""
+    tokens = [decode([lp.token_id]) for lp in logprobs]
+    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in logprobs],
+            "top_logprobs": [{decode([token_id]): value for token_id, value in lp.top} for lp in logprobs],
+            "text_offset": list(itertools.accumulate((len(t) for t in tokens), initial=text_offset))[:-1]}
+
+
 async def _completion_chunks(events: AsyncIterator[Event], choices: list[ChoiceResult], usage: Usage,
-                             body: CompletionRequest, completion_id: str, created: int) -> AsyncIterator[str]:
-    async for index, out in events:
-        choices[index].add(out)
-        usage.prompt_tokens, usage.cached_tokens = out.num_prompt_tokens, out.num_cached_tokens
-        usage.completion_tokens += len(out.new_token_ids)
-        chunk = {"id": completion_id, "object": "text_completion", "created": created, "model": body.model,
-                 "choices": [{"index": index, "text": out.new_text, "finish_reason": out.finish_reason,
-                              "logprobs": None}]}
-        yield f"data: {json.dumps(chunk)}\n\n"
-    if body.include_usage:
-        chunk = {"id": completion_id, "object": "text_completion", "created": created, "model": body.model,
-                 "choices": [], "usage": usage.as_openai()}
-        yield f"data: {json.dumps(chunk)}\n\n"
+                             body: CompletionRequest, completion_id: str, created: int,
+                             decode: Callable[[list[int]], str]) -> AsyncIterator[str]:
+    try:
+        async for index, out in events:
+            offset = len(choices[index].text)
+            choices[index].add(out)
+            logprobs = _legacy_logprobs(decode, out.logprobs, offset) if body.logprobs is not None else None
+            usage.prompt_tokens, usage.cached_tokens = out.num_prompt_tokens, out.num_cached_tokens
+            usage.completion_tokens += len(out.new_token_ids)
+            chunk = {"id": completion_id, "object": "text_completion", "created": created, "model": body.model,
+                     "choices": [{"index": index, "text": out.new_text, "finish_reason": out.finish_reason,
+                                  "logprobs": logprobs}]}
+            yield f"data: {json.dumps(chunk)}\n\n"
+        if body.include_usage:
+            chunk = {"id": completion_id, "object": "text_completion", "created": created, "model": body.model,
+                     "choices": [], "usage": usage.as_openai()}
+            yield f"data: {json.dumps(chunk)}\n\n"
+    except Exception as error:  # the stream has started
+        yield sse_error(error)
     yield "data: [DONE]\n\n"

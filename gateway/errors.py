@@ -62,7 +62,13 @@ def install_error_handlers(app: FastAPI) -> None:
     async def bad_template(_: Request, error: ChatTemplateError) -> JSONResponse:
         return JSONResponse(error_body(str(error), "invalid_request_error", "messages"), status_code=400)
 
+    @app.exception_handler(Exception)
+    async def internal(_: Request, error: Exception) -> JSONResponse:  # logged by the server as well
+        return JSONResponse(error_body("internal server error", "internal_error"), status_code=500)
+
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
         type_ = "not_found_error" if error.status_code == 404 else "invalid_request_error"
-        return JSONResponse(error_body(str(error.detail), type_), status_code=error.status_code)
+        code = "request_too_large" if error.status_code == 413 else None
+        return JSONResponse(error_body(str(error.detail), type_, None, code), status_code=error.status_code,
+                            headers=error.headers)

@@ -49,7 +49,7 @@ class SamplingFields(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: dict[str, str] | None = None  # OpenAI's: string values; `session_id` names the session
 
     @field_validator("stop")
     @classmethod

@@ -15,7 +15,6 @@ from engine.sampling import SamplingParams, TokenLogprob
 from engine.sequence import SessionRef
 from gateway.sessions import SessionTurn, message_digest
 from gateway.state import GatewayState
-from gateway.tool_calls import parse_tool_calls
 from trajectory.agent import TurnPlan
 from trajectory.template_types import Message
 
@@ -89,11 +88,6 @@ async def _merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[t
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-
-
-def reply_message(text: str, parse_tools: bool) -> Message:
-    content, calls = parse_tool_calls(text) if parse_tools else (text, [])
-    return Message("assistant", content, calls or None)
 
 
 def record_reply(gw: GatewayState, turn: SessionTurn, plan: TurnPlan, choice: ChoiceResult,

@@ -35,6 +35,11 @@ def message_digest(message: Message) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 
+def tools_digest(tools: ToolSchemas | None) -> str:
+    payload = json.dumps(list(tools or []), sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:32]
+
+
 class SessionManager:
     def __init__(self, store: SessionStore, template: ChatTemplate, tokenizer: Tokenizer, policies: Policies,
                  ttl_s: float) -> None:
@@ -74,11 +79,13 @@ class SessionManager:
         return Trajectory.start(session_id, self.template, self.tokenizer, tools, self.policies)
 
     def new_messages(self, turn: SessionTurn, messages: Sequence[Message]) -> list[Message]:
-        """The messages past what the session has seen; the session starts afresh when the history diverged."""
-        digests = [message_digest(m) for m in messages]
+        """The messages past what the session has seen; the session starts afresh when the history diverged
+        or the tools offered changed (they are rendered at the top of the history)."""
+        tools = turn.trajectory.renderer.tools
+        digests = [tools_digest(tools), *(message_digest(m) for m in messages)]
         seen = turn.trajectory.state.client_digests
-        if not (digests[: len(seen)] == seen and len(digests) > len(seen)):
-            turn.trajectory = self._start(turn.trajectory.state.session_id, turn.trajectory.renderer.tools)
-            seen = []
+        extends = digests[: len(seen)] == seen and len(digests) > len(seen)
+        if seen and not extends:
+            turn.trajectory = self._start(turn.trajectory.state.session_id, tools)
         turn.trajectory.state.client_digests = digests
-        return list(messages[len(seen):])
+        return list(messages[len(seen) - 1:]) if seen and extends else list(messages)

@@ -10,7 +10,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi.responses import StreamingResponse
 
@@ -18,9 +18,11 @@ from engine.output import RequestOutput
 from engine.sampling import TokenLogprob
 from gateway.serving import ChoiceResult, Usage
 from gateway.tool_calls import parse_tool_calls
+from trajectory.template_types import Message
 
 TOOL_CALL_OPEN = "<tool_call>"
 Chunk = dict[str, Any]
+T = TypeVar("T")
 
 
 class ChatStreamWriter:
@@ -30,6 +32,7 @@ class ChatStreamWriter:
         self.id, self.created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         self.choices = [ChoiceResult(i) for i in range(n)]
         self._sent_chars = [0] * n
+        self._parsed: dict[int, tuple[str, list[dict[str, Any]]]] = {}
 
     def add(self, index: int, out: RequestOutput) -> list[Chunk]:
         """Record an output; the stream chunks it gives."""
@@ -44,21 +47,30 @@ class ChatStreamWriter:
             chunks.append(self._finish_chunk(index))
         return chunks
 
+    def reply(self, index: int) -> Message:
+        """The finished choice as the assistant message the client got, tool call ids included."""
+        content, calls = self._parse(index)
+        return Message("assistant", content, calls or None)
+
+    def _parse(self, index: int) -> tuple[str, list[dict[str, Any]]]:
+        """Content and tool calls of a finished choice, parsed once: a call without an id gets a fresh one,
+        and the stream, the completion object and the session's history must all show the same."""
+        if index not in self._parsed:
+            text = self.choices[index].text
+            self._parsed[index] = parse_tool_calls(text) if self.parse_tools else (text, [])
+        return self._parsed[index]
+
     def _content_delta(self, index: int, finished: bool) -> str:
         choice = self.choices[index]
-        visible = self._content(choice.text) if finished else _visible(choice.text, self.parse_tools)
+        visible = self._parse(index)[0] if finished else _visible(choice.text, self.parse_tools)
         delta = visible[self._sent_chars[index]:]
         self._sent_chars[index] = max(self._sent_chars[index], len(visible))
         return delta
 
-    def _content(self, text: str) -> str:
-        return parse_tool_calls(text)[0] if self.parse_tools else text
-
     def _finish_chunk(self, index: int) -> Chunk:
-        choice = self.choices[index]
-        calls = parse_tool_calls(choice.text)[1] if self.parse_tools else []
+        calls = self._parse(index)[1]
         delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]} if calls else {}
-        return self._chunk(index, delta, finish_reason=_finish_reason(choice, bool(calls)))
+        return self._chunk(index, delta, finish_reason=_finish_reason(self.choices[index], bool(calls)))
 
     def _chunk(self, index: int, delta: dict[str, Any], finish_reason: str | None = None,
                logprobs: dict[str, Any] | None = None) -> Chunk:
@@ -84,7 +96,7 @@ class ChatStreamWriter:
                 "choices": [self._choice_object(c) for c in self.choices], "usage": usage.as_openai()}
 
     def _choice_object(self, choice: ChoiceResult) -> dict[str, Any]:
-        content, calls = parse_tool_calls(choice.text) if self.parse_tools else (choice.text, [])
+        content, calls = self._parse(choice.index)
         message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
         if calls:
             message["tool_calls"] = calls
@@ -115,24 +127,41 @@ def sse(data: dict[str, Any]) -> str:
     return f"data: {json.dumps(data)}\n\n"
 
 
+def sse_error(error: Exception) -> str:
+    """An error after the stream started, reported in-band as OpenAI does."""
+    return sse({"error": {"message": str(error), "type": "internal_error", "param": None, "code": None}})
+
+
+async def started(events: AsyncIterator[T]) -> AsyncIterator[T]:
+    """The events with the first one already awaited: a bad request raises here, before the response has
+    started, so it still gets an HTTP error status."""
+    iterator = aiter(events)
+    try:
+        first = await anext(iterator)
+    except StopAsyncIteration:
+        return iterator
+
+    async def chained() -> AsyncIterator[T]:
+        yield first
+        async for event in iterator:
+            yield event
+
+    return chained()
+
+
 async def sse_response(events: AsyncIterator[tuple[int, list[Chunk]]], writer: ChatStreamWriter,
                        usage: Usage | None) -> StreamingResponse:
-    """Start the stream only once the first event arrived, so bad requests still get an HTTP error."""
-    iterator = aiter(events)
-    first = await anext(iterator, None)
+    iterator = await started(events)
 
     async def body() -> AsyncIterator[str]:
         try:
-            if first is not None:
-                for chunk in first[1]:
-                    yield sse(chunk)
             async for _, chunks in iterator:
                 for chunk in chunks:
                     yield sse(chunk)
             if usage is not None:
                 yield sse(writer.usage_chunk(usage))
-        except Exception as error:  # the stream has started: report in-band, as OpenAI does
-            yield sse({"error": {"message": str(error), "type": "internal_error", "param": None, "code": None}})
+        except Exception as error:  # the stream has started
+            yield sse_error(error)
         yield "data: [DONE]\n\n"
 
     return StreamingResponse(body(), media_type="text/event-stream")

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
+from fastapi import FastAPI
 
 from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine
@@ -39,12 +40,18 @@ def wait_until_ready(url: str, timeout_s: float = 60.0) -> None:
 @contextlib.contextmanager
 def running_gateway(settings: GatewaySettings, engine: LLMEngine | None = None) -> Iterator[str]:
     """uvicorn serving the app in a background thread; yields its base URL."""
-    app = create_app(settings, engine)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning",
+    with serving(create_app(settings, engine), settings.port) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serving(app: FastAPI, port: int) -> Iterator[str]:
+    """uvicorn serving an app built by the test (to reach `app.state.gateway`); yields its base URL."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                            loop="asyncio", ws="websockets"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    url = f"http://127.0.0.1:{settings.port}"
+    url = f"http://127.0.0.1:{port}"
     try:
         wait_until_ready(url)
         yield url
@@ -64,10 +71,12 @@ def gateway_url() -> Iterator[str]:
 GatewayProcess = Callable[..., tuple[subprocess.Popen[bytes], str]]
 
 
-@pytest.fixture
-def gateway_process(tmp_path: Path) -> Iterator[GatewayProcess]:
-    """Start `agentserve serve --model tiny` processes with extra environment; all stopped afterwards."""
+@pytest.fixture(scope="module")
+def gateway_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """Start `agentserve serve --model tiny` processes with extra environment; all stopped after the module
+    (a process takes seconds to start: a module's tests may share them)."""
     started: list[subprocess.Popen[bytes]] = []
+    tmp_path = tmp_path_factory.mktemp("gateways")
 
     def start(**env: str) -> tuple[subprocess.Popen[bytes], str]:
         port = free_port()
@@ -81,10 +90,11 @@ def gateway_process(tmp_path: Path) -> Iterator[GatewayProcess]:
         return process, url
 
     yield start
-    for process in started:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
+    running = [process for process in started if process.poll() is None]
+    for process in running:
+        process.send_signal(signal.SIGINT)
+    for process in running:
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()

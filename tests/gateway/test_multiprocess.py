@@ -1,0 +1,120 @@
+"""Separate `agentserve serve` processes: replicas sharing sessions through Redis, and the SIGTERM drain."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import redis
+
+from gateway.session_store import KEY_PREFIX
+from tests.gateway.conftest import GatewayProcess
+
+
+def chat(url: str, messages: list[dict[str, Any]], session_id: str | None = None) -> Any:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+    headers = {"X-Session-Id": session_id} if session_id else {}
+    return client.chat.completions.create(model="tiny", messages=messages,  # type: ignore[arg-type]
+                                          temperature=0, max_tokens=8, extra_headers=headers)
+
+
+def two_turns(first: Callable[[list[dict[str, Any]]], Any],
+              second: Callable[[list[dict[str, Any]]], Any]) -> tuple[Any, Any, list[dict[str, Any]]]:
+    """Turn 1 through `first`; turn 2 (history, the reply, a tool result) through `second`."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
+                                      {"role": "user", "content": "Find why the build is red."}]
+    reply = first(messages)
+    messages = [*messages, reply.choices[0].message.model_dump(exclude_none=True),
+                {"role": "user", "content": "The log says: undefined symbol `step`. Fix it."}]
+    return reply, second(messages), messages
+
+
+Replica = tuple[subprocess.Popen[bytes], str]
+DRAIN_TIMEOUT_S = 20
+
+
+@pytest.fixture(scope="module")
+def replicas(gateway_process: GatewayProcess, redis_url: str) -> list[Replica]:
+    """Two gateway processes sharing one Redis, started side by side; the last test drains the second."""
+    env = {"AGENTSERVE_REDIS_URL": redis_url, "AGENTSERVE_DRAIN_TIMEOUT_S": str(DRAIN_TIMEOUT_S)}
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(lambda _: gateway_process(**env), range(2)))
+
+
+@pytest.mark.slow
+def test_a_session_continues_on_another_replica_through_redis(replicas: list[Replica], redis_url: str,
+                                                              gateway_url: str) -> None:
+    (_, url_a), (_, url_b) = replicas
+    store = redis.Redis.from_url(redis_url)
+    session_id = f"agent-{uuid.uuid4().hex}"
+    sizes = []
+
+    def on_a(messages: list[dict[str, Any]]) -> Any:
+        reply = chat(url_a, messages, session_id)
+        sizes.append(len(store.get(KEY_PREFIX + session_id) or b""))
+        return reply
+
+    turn_1, turn_2, messages = two_turns(on_a, lambda messages: chat(url_b, messages, session_id))
+    single_id = f"single-{uuid.uuid4().hex}"
+    reference_1, reference_2, _ = two_turns(lambda m: chat(gateway_url, m, single_id),
+                                            lambda m: chat(gateway_url, m, single_id))
+
+    assert turn_1.choices[0].message.content == reference_1.choices[0].message.content
+    assert turn_2.choices[0].message.content == reference_2.choices[0].message.content
+    assert turn_2.usage.prompt_tokens == reference_2.usage.prompt_tokens
+    # B continued the session's token history: started afresh, it would render the reply's text anew, and
+    # the random model's tokens do not survive that round trip.
+    assert chat(gateway_url, messages).usage.prompt_tokens != turn_2.usage.prompt_tokens
+    key = f"{KEY_PREFIX}{session_id}".encode()
+    assert key in store.keys(f"{KEY_PREFIX}*")
+    assert len(store.get(key) or b"") > sizes[0] > 0  # B saved the session's second turn
+    assert store.pttl(key) > 0
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.slow
+def test_sigterm_drains_running_streams_then_exits(replicas: list[Replica]) -> None:
+    process, url = replicas[1]
+    events: list[str] = []
+    streaming = threading.Event()
+
+    def stream() -> None:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "Write the whole changelog."}],
+                "max_tokens": 1200, "temperature": 0, "stream": True}
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line.removeprefix("data: "))
+                    streaming.set()
+
+    thread = threading.Thread(target=stream)
+    thread.start()
+    assert streaming.wait(30)
+    process.send_signal(signal.SIGTERM)
+    assert wait_for(lambda: httpx.get(f"{url}/ready").status_code == 503)
+    refused = httpx.post(f"{url}/v1/chat/completions", json={"model": "tiny", "messages": [
+        {"role": "user", "content": "one more"}]})
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert refused.json()["error"]["code"] == "draining"
+    thread.join(60)
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["choices"][0]["finish_reason"] == "length"
+    assert process.wait(timeout=DRAIN_TIMEOUT_S + 15) == 0
