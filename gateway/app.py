@@ -15,7 +15,11 @@ from engine.async_engine import AsyncLLMEngine
 from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine
 from gateway import chat, ops, responses, responses_ws
+from gateway.admission import AdmissionController
+from gateway.auth import KeyRing
 from gateway.errors import error_body, install_error_handlers
+from gateway.metrics import Metrics
+from gateway.ratelimit import open_rate_limiter
 from gateway.session_store import open_session_store
 from gateway.sessions import SessionManager
 from gateway.settings import GatewaySettings
@@ -30,7 +34,11 @@ def build_state(settings: GatewaySettings, engine: LLMEngine) -> GatewayState:
     template = load_chat_template(engine.checkpoint_dir)
     store = open_session_store(settings.redis_url)
     sessions = SessionManager(store, template, engine.tokenizer, Policies.load(), settings.session_ttl_s)
-    return GatewayState(settings, AsyncLLMEngine(engine), engine.tokenizer, sessions)
+    limits = settings.limits
+    return GatewayState(settings, AsyncLLMEngine(engine), engine.tokenizer, sessions,
+                        KeyRing.from_config(settings.api_keys, settings.auth_enabled),
+                        open_rate_limiter(settings.redis_url),
+                        AdmissionController(limits.ttft_slo_s, limits.initial_prefill_tokens_per_s), Metrics())
 
 
 def create_app(settings: GatewaySettings | None = None, engine: LLMEngine | None = None) -> FastAPI:
@@ -45,6 +53,7 @@ def create_app(settings: GatewaySettings | None = None, engine: LLMEngine | None
         finally:
             state.engine.shutdown()
             await state.sessions.store.close()
+            await state.limiter.close()
 
     app = FastAPI(title="agentserve", lifespan=lifespan)
     app.state.gateway = state

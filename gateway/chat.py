@@ -14,13 +14,15 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from engine.sampling import TokenLogprob
+from gateway.access import request_principal
+from gateway.auth import Principal
 from gateway.errors import APIError
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
-from gateway.serving import ChoiceResult, Usage, generate_choices, record_reply
+from gateway.serving import ChoiceResult, TurnStats, Usage, generate_choices, record_reply, turn_stats
 from gateway.state import GatewayState
 from gateway.streaming import ChatStreamWriter, sse_error, sse_response, started
 
@@ -41,13 +43,14 @@ def check_model(gw: GatewayState, model: str) -> None:
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(body: ChatCompletionRequest, request: Request,
-                           x_session_id: str | None = Header(default=None)) -> Response:
+                           x_session_id: str | None = Header(default=None),
+                           principal: Principal = Depends(request_principal)) -> Response:
     gw = gateway_state(request)
     check_model(gw, body.model)
     session_id = x_session_id or (body.metadata or {}).get("session_id") or body.user
     writer = ChatStreamWriter(gw.model_name, bool(body.tools), body.n, gw.tokenizer.decode)
     usage = Usage()
-    events = _chat_events(gw, body, session_id, writer, usage)
+    events = _chat_events(gw, body, session_id, writer, usage, principal.is_vip)
     if body.stream:
         return await sse_response(events, writer, usage if body.include_usage else None)
     async for _ in events:
@@ -56,15 +59,18 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
 
 
 async def _chat_events(gw: GatewayState, body: ChatCompletionRequest, session_id: str | None,
-                       writer: ChatStreamWriter, usage: Usage) -> AsyncIterator[Event]:
+                       writer: ChatStreamWriter, usage: Usage, vip: bool) -> AsyncIterator[Event]:
     messages = [m.to_message() for m in body.messages]
     max_tokens = body.max_completion_tokens or body.max_tokens or gw.settings.default_max_tokens
     params = [body.sampling_params(max_tokens, body.logprob_count(), i) for i in range(body.n)]
     async with gw.sessions.open(session_id, body.tools) as turn:
         new = gw.sessions.new_messages(turn, messages) if turn.persistent else messages
+        turn.trajectory.vip = vip
         plan = turn.trajectory.add_messages(new)
         session = plan.session if turn.persistent else None
-        async for index, out in generate_choices(gw, plan.prompt_token_ids, params, plan.masked_spans, session):
+        stats = turn_stats("chat", plan, turn.persistent)
+        async for index, out in generate_choices(gw, plan.prompt_token_ids, params, stats, plan.masked_spans,
+                                                 session):
             usage.prompt_tokens, usage.cached_tokens = out.num_prompt_tokens, out.num_cached_tokens
             usage.completion_tokens += len(out.new_token_ids)
             yield index, writer.add(index, out)
@@ -72,7 +78,8 @@ async def _chat_events(gw: GatewayState, body: ChatCompletionRequest, session_id
 
 
 @router.post("/v1/completions", response_model=None)
-async def completions(body: CompletionRequest, request: Request) -> Response:
+async def completions(body: CompletionRequest, request: Request,
+                      _: Principal = Depends(request_principal)) -> Response:
     gw = gateway_state(request)
     check_model(gw, body.model)
     token_ids = gw.engine.engine.tokenize(_completion_prompt(body.prompt))
@@ -81,7 +88,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     choices = [ChoiceResult(i) for i in range(body.n)]
     usage = Usage()
     created, completion_id = int(time.time()), f"cmpl-{uuid.uuid4().hex}"
-    events = generate_choices(gw, token_ids, params)
+    events = generate_choices(gw, token_ids, params, TurnStats("completions", len(token_ids)))
     if body.stream:
         chunks = _completion_chunks(await started(events), choices, usage, body, completion_id, created,
                                     gw.tokenizer.decode)

@@ -14,6 +14,7 @@ from engine.config import EngineSettings
 from engine.llm_engine import Completion, LLMEngine
 from engine.qos import add_qos_arguments, main_qos
 from engine.sampling import SamplingParams
+from gateway.auth import new_key
 from gateway.settings import GatewaySettings
 
 if TYPE_CHECKING:
@@ -113,7 +114,20 @@ BENCHMARKS = {
     "trajectory": ("agents_eval.trajectory_bench", "turn-delta reuse, trace replay, pruning, KV, phase shifts"),
     "disagg": ("agents_eval.disagg_bench", "prefill/decode interference, KV hiding, role switches"),
     "kv-transfer": ("agents_eval.kv_transfer_bench", "KV transfer speed per transport against baselines"),
+    "gateway": ("agents_eval.gateway_bench", "gateway overhead over its engine; Responses WebSocket vs chat turns"),
 }
+
+
+def _add_keys(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("keys", help="API keys")
+    actions = p.add_subparsers(dest="action", required=True)
+    new = actions.add_parser("new", help="print a new API key and the sha256 to put in configs/gateway.yaml")
+    new.set_defaults(run=_run_new_key)
+
+
+def _run_new_key(_: argparse.Namespace) -> None:
+    key = new_key()
+    print(json.dumps({"key": key.key, "sha256": key.sha256}))
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
@@ -139,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(sub)
     _add_bench(sub)
     _add_qos(sub)
+    _add_keys(sub)
     return parser
 
 

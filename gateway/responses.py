@@ -17,16 +17,18 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.sampling import SamplingParams
+from gateway.access import request_principal
+from gateway.auth import Principal
 from gateway.chat import check_model, gateway_state
 from gateway.errors import APIError
 from gateway.protocol import content_text
 from gateway.responses_events import TERMINAL_EVENTS, Event, ResponseStream, sse_event
-from gateway.serving import generate_choices, record_reply
+from gateway.serving import generate_choices, record_reply, turn_stats
 from gateway.sessions import SessionTurn
 from gateway.state import GatewayState
 from trajectory.agent import Trajectory, TurnPlan
@@ -76,6 +78,7 @@ class SessionTarget:
     session_id: str | None  # None: a throwaway session, neither saved nor continuable
     tools: list[dict[str, Any]] | None  # the session's tools, in chat-completions form
     turns: int = 0  # turns the session held after the previous response; 0 for a new session
+    vip: bool = False  # the caller's key is VIP: the session's KV is never evicted
 
     @property
     def starting(self) -> bool:
@@ -150,6 +153,7 @@ async def response_events(gw: GatewayState, body: ResponseCreateRequest, target:
     stream = ResponseStream(gw.model_name, body.echo(), parse_tools=bool(target.tools))
     async with gw.sessions.open(target.session_id, target.tools) as turn:
         _check_latest(turn, target, body)
+        turn.trajectory.vip = target.vip
         before, committed = turn.trajectory.to_bytes(), False
         try:
             plan, prompt, params = _prepare(gw, body, target, turn)
@@ -207,7 +211,8 @@ async def _generate(gw: GatewayState, body: ResponseCreateRequest, turn: Session
     if not prompt:
         return
     session = plan.session if turn.persistent else None
-    async for _, out in generate_choices(gw, prompt, [params], plan.masked_spans, session):
+    stats = turn_stats("responses", plan, turn.persistent)
+    async for _, out in generate_choices(gw, prompt, [params], stats, plan.masked_spans, session):
         if body.generate:
             for event in stream.add(out):
                 yield event
@@ -237,12 +242,14 @@ async def _remember(gw: GatewayState, turn: SessionTurn, target: SessionTarget, 
 
 
 @router.post("/v1/responses", response_model=None)
-async def create_response(body: ResponseCreateRequest, request: Request) -> Response:
+async def create_response(body: ResponseCreateRequest, request: Request,
+                          principal: Principal = Depends(request_principal)) -> Response:
     gw = gateway_state(request)
     if body.model is not None:
         check_model(gw, body.model)
     new_session = f"resp_session_{uuid.uuid4().hex}" if body.store else None
     target = await resolve_session(gw, body, new_session)
+    target.vip = principal.is_vip
     events = response_events(gw, body, target, save_response=body.store)
     first = await anext(events)  # bad input raises here, before the stream starts
     if body.stream:

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.websockets import WebSocketDisconnect
 
 from engine.sampling import RequestError
+from gateway.access import admit_principal
 from gateway.chat import check_model
 from gateway.errors import APIError, from_request_error
 from gateway.responses import ResponseCreateRequest, SessionTarget, resolve_session, response_events
@@ -33,7 +34,7 @@ from trajectory.template_types import ChatTemplateError
 router = APIRouter()
 log = logging.getLogger(__name__)
 MAX_QUEUED_EVENTS = 64
-CLOSE_NORMAL, CLOSE_TRY_AGAIN = 1000, 1013
+CLOSE_NORMAL, CLOSE_POLICY_VIOLATION, CLOSE_TRY_AGAIN = 1000, 1008, 1013
 INVALID_JSON = object()
 
 
@@ -74,6 +75,11 @@ async def responses_socket(websocket: WebSocket) -> None:
     gw: GatewayState = websocket.app.state.gateway
     if gw.draining:
         await websocket.close(CLOSE_TRY_AGAIN, "the gateway is draining")
+        return
+    try:
+        await admit_principal(gw, websocket.headers.get("authorization"))
+    except APIError as error:  # refused at the handshake: the client sees HTTP 403
+        await websocket.close(CLOSE_POLICY_VIOLATION, error.message)
         return
     await websocket.accept()
     await ResponsesConnection(gw, websocket).serve()
@@ -158,7 +164,9 @@ class ResponsesConnection:
     async def _respond(self, event: ClientEvent, body: ResponseCreateRequest) -> None:
         if body.model is not None:
             check_model(self.gw, body.model)
+        principal = await admit_principal(self.gw, self.websocket.headers.get("authorization"))  # rate limit
         target = await resolve_session(self.gw, body, f"ws_session_{uuid.uuid4().hex}")
+        target.vip = principal.is_vip
         self.gw.in_flight += 1
         try:
             async with aclosing(response_events(self.gw, body, target, save_response=body.store)) as events:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -13,6 +15,8 @@ from engine.mask import MaskedSpan
 from engine.output import RequestOutput
 from engine.sampling import SamplingParams, TokenLogprob
 from engine.sequence import SessionRef
+from gateway.errors import APIError
+from gateway.metrics import RequestTrace
 from gateway.sessions import SessionTurn, message_digest
 from gateway.state import GatewayState
 from trajectory.agent import TurnPlan
@@ -46,18 +50,86 @@ class Usage:
                 "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
 
+@dataclass
+class TurnStats:
+    """What the metrics want to know of a turn beyond its outputs."""
+
+    endpoint: str
+    prefill_estimate: int  # tokens likely to be prefilled (the turn's delta, or the whole prompt)
+    pruned_tokens: int = 0
+    masked_tokens: int = 0
+    phase: str | None = None
+
+
+def turn_stats(endpoint: str, plan: TurnPlan, persistent: bool) -> TurnStats:
+    pruned = sum(p.tokens_before - p.tokens_after for p in plan.pruning)
+    masked = sum(span.end - span.start for span in plan.masked_spans)
+    estimate = plan.new_tokens if persistent else len(plan.prompt_token_ids)
+    return TurnStats(endpoint, estimate, pruned, masked, plan.phase.phase.value)
+
+
 async def generate_choices(gw: GatewayState, prompt: Sequence[int], params: list[SamplingParams],
-                           masked_spans: Sequence[MaskedSpan] = (), session: SessionRef | None = None,
-                           ) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """Run len(params) choices of one prompt; only choice 0 pins the session's KV."""
-    streams = [gw.engine.generate(list(prompt), p, f"req-{uuid.uuid4().hex}", masked_spans=masked_spans,
+                           stats: TurnStats, masked_spans: Sequence[MaskedSpan] = (),
+                           session: SessionRef | None = None) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Run len(params) choices of one prompt, once admission control lets it in; only choice 0 pins the
+    session's KV. Raises APIError 503 (with Retry-After) when the queued prefill work would break the TTFT
+    SLO."""
+    request_id = f"req-{uuid.uuid4().hex}"
+    trace = gw.metrics.request_started(stats.endpoint)
+    decision = gw.admission.try_admit(request_id, stats.prefill_estimate)
+    if not decision.admit:
+        gw.metrics.rejected(decision.reason)
+        raise APIError(503, f"the engine is overloaded: about {decision.estimated_wait_s:.1f} s of queued prefill "
+                       "work", "service_unavailable", None, "overloaded",
+                       {"Retry-After": str(max(1, math.ceil(decision.retry_after_s)))})
+    streams = [gw.engine.generate(list(prompt), p, f"{request_id}-{index}", masked_spans=masked_spans,
                                   session=session if index == 0 else None) for index, p in enumerate(params)]
-    if len(streams) == 1:
-        async for out in streams[0]:
-            yield 0, out
-        return
-    async for item in _merge(streams):
-        yield item
+    gw.metrics.handed_to_engine(trace)
+    observed = _Observed(gw, trace, request_id, time.monotonic())
+    try:
+        async for index, out in (_single(streams[0]) if len(streams) == 1 else _merge(streams)):
+            observed.output(out)
+            yield index, out
+    finally:
+        observed.done(stats)
+
+
+async def _single(stream: AsyncIterator[RequestOutput]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    async for out in stream:
+        yield 0, out
+
+
+@dataclass
+class _Observed:
+    gw: GatewayState
+    trace: RequestTrace
+    request_id: str
+    submitted: float
+    first: bool = True
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    finish_reason: str = "abort"
+
+    def output(self, out: RequestOutput) -> None:
+        self.prompt_tokens, self.cached_tokens = out.num_prompt_tokens, out.num_cached_tokens
+        if out.new_token_ids and self.first:
+            self.first = False
+            self.gw.metrics.first_token(self.trace, len(out.new_token_ids))
+            self.gw.admission.on_first_token(self.request_id)
+            self.gw.admission.observe_prefill(self.prompt_tokens - self.cached_tokens,
+                                              time.monotonic() - self.submitted)
+        elif out.new_token_ids:
+            self.gw.metrics.token(self.trace, len(out.new_token_ids))
+        if out.finished and out.finish_reason:
+            self.finish_reason = out.finish_reason
+
+    def done(self, stats: TurnStats) -> None:
+        self.gw.admission.on_finish(self.request_id)
+        self.gw.metrics.finished(self.trace, self.finish_reason, prompt_tokens=self.prompt_tokens,
+                                 cached_tokens=self.cached_tokens, pruned_tokens=stats.pruned_tokens,
+                                 masked_tokens=stats.masked_tokens)
+        if stats.phase is not None:
+            self.gw.metrics.turn(stats.phase)
 
 
 async def _merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:

@@ -6,6 +6,10 @@ from dataclasses import dataclass
 
 from engine.async_engine import AsyncLLMEngine
 from engine.tokenizer import Tokenizer
+from gateway.admission import AdmissionController
+from gateway.auth import KeyRing
+from gateway.metrics import Metrics
+from gateway.ratelimit import RateLimiter
 from gateway.sessions import SessionManager
 from gateway.settings import GatewaySettings
 
@@ -16,6 +20,10 @@ class GatewayState:
     engine: AsyncLLMEngine
     tokenizer: Tokenizer
     sessions: SessionManager
+    keyring: KeyRing
+    limiter: RateLimiter
+    admission: AdmissionController
+    metrics: Metrics
     draining: bool = False
     in_flight: int = 0  # API requests not yet fully answered
 
