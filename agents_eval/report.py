@@ -1,4 +1,4 @@
-"""Benchmark reports: `report.json` with every figure, `report.md` with markdown tables, a PNG bar chart.
+"""Benchmark reports: `report.json` with every figure, `report.md` with markdown tables, a PNG bar or line chart.
 
 Shared by the benchmarks in `agents_eval`; the chart is drawn on a bare matplotlib `Figure` (Agg canvas),
 so no pyplot state or global backend is touched.
@@ -10,7 +10,7 @@ import json
 import os
 import platform
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,18 @@ class BarChart:
     ylabel: str
     labels: Sequence[str]
     values: Sequence[float]
+
+
+@dataclass(frozen=True)
+class LineChart:
+    """One line per series over the same x values (e.g. per-turn latency of two modes)."""
+
+    filename: str
+    title: str
+    xlabel: str
+    ylabel: str
+    x: Sequence[float]
+    series: Mapping[str, Sequence[float]]
 
 
 @dataclass(frozen=True)
@@ -84,11 +96,29 @@ def save_bar_chart(chart: BarChart, path: Path) -> None:
     figure.savefig(path, dpi=120)
 
 
+def save_line_chart(chart: LineChart, path: Path) -> None:
+    figure = Figure(figsize=(8, 4.5), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots()
+    for label, values in chart.series.items():
+        axes.plot(list(chart.x), list(values), marker="o", markersize=3, label=label)
+    axes.set_title(chart.title)
+    axes.set_xlabel(chart.xlabel)
+    axes.set_ylabel(chart.ylabel)
+    axes.set_ylim(bottom=0)
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.savefig(path, dpi=120)
+
+
 def write_report(out_dir: Path, data: dict[str, Any], title: str, tables: Sequence[Table],
-                 chart: BarChart, notes: Sequence[str] = ()) -> ReportFiles:
+                 chart: BarChart | LineChart, notes: Sequence[str] = ()) -> ReportFiles:
     out_dir.mkdir(parents=True, exist_ok=True)
     files = ReportFiles(out_dir / JSON_NAME, out_dir / MARKDOWN_NAME, out_dir / chart.filename)
     files.json.write_text(json.dumps(data, indent=2) + "\n")
     files.markdown.write_text(markdown_document(title, tables, notes))
-    save_bar_chart(chart, files.chart)
+    if isinstance(chart, LineChart):
+        save_line_chart(chart, files.chart)
+    else:
+        save_bar_chart(chart, files.chart)
     return files

@@ -153,10 +153,6 @@ class KVBlock:
         if self.tensor.numel() == 0 or self.tensor.device.type != "cpu":
             raise ValueError("the tensor must be non-empty and in host memory")
 
-    @property
-    def num_tokens(self) -> int:
-        return self.token_end - self.token_start
-
 
 @dataclass(frozen=True)
 class ExpectedShape:
@@ -214,7 +210,7 @@ class EncodedFrame:
 
     @property
     def parts(self) -> tuple[bytes | memoryview, ...]:
-        return (self.header, self.payload, self.padding) if self.padding else (self.header, self.payload)
+        return self.header, self.payload, self.padding
 
     @property
     def nbytes(self) -> int:

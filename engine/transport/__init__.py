@@ -7,6 +7,7 @@ for, so rdma's optional pyverbs is never loaded by the others.
 from __future__ import annotations
 
 import importlib
+from types import MappingProxyType
 
 from engine.transport.base import (
     BorrowedBlock,
@@ -17,12 +18,12 @@ from engine.transport.base import (
     TransportSettings,
 )
 
-TRANSPORT_CLASSES = {
+TRANSPORT_CLASSES = MappingProxyType({
     "inproc": ("engine.transport.inproc", "InprocTransport"),
     "shm": ("engine.transport.shm", "ShmTransport"),
     "tcp": ("engine.transport.tcp", "TcpTransport"),
     "rdma": ("engine.transport.rdma", "RdmaTransport"),
-}
+})
 TRANSPORT_NAMES = tuple(TRANSPORT_CLASSES)
 
 __all__ = ["TRANSPORT_NAMES", "BorrowedBlock", "KVReceiver", "KVSender", "Transport", "TransportError",

@@ -203,7 +203,8 @@ class Endpoint:
                     imm_data=slot_to_imm(slot))
         wr.set_wr_rdma(remote.rkey, remote.addr + slot * remote.slot_bytes)
         self.qp.post_send(wr)
-        self.poll(time.monotonic() + self.settings.send_timeout_s)
+        if self.poll(time.monotonic() + self.settings.send_timeout_s) is None:
+            raise TransportError(f"RDMA WRITE of slot {slot} not completed in {self.settings.send_timeout_s} s")
 
     def poll(self, deadline: float) -> Any | None:
         """The next successful work completion, None past the deadline."""

@@ -137,8 +137,9 @@ class Stream:
         return self.end - self.start
 
     def read_some(self) -> None:
-        """One `recv_into` (the socket is readable); marks EOF."""
-        self.make_room(1)
+        """One `recv_into` (the socket is readable) into the free tail; marks EOF."""
+        if self.end == len(self.buffer) and self.start:
+            self.make_room(self.unread + 1)
         if self.end < len(self.buffer):
             got = self.sock.recv_into(self.view[self.end:])
             self.end += got
@@ -146,6 +147,8 @@ class Stream:
 
     def fill_to(self, nbytes: int) -> None:
         """Wait until `nbytes` unread bytes are here; a stall past the socket timeout or an EOF cuts."""
+        if self.unread >= nbytes:
+            return
         self.make_room(nbytes)
         while self.unread < nbytes:
             try:
@@ -157,21 +160,22 @@ class Stream:
             self.end += got
 
     def make_room(self, nbytes: int) -> None:
-        """Room for `nbytes` from `start`: unread bytes move to the front, into a larger buffer if needed."""
-        if self.start == self.end:
-            self.start = self.end = 0
-        if self.start + nbytes <= len(self.buffer) and self.end < len(self.buffer):
+        """Room for `nbytes` from `start`: the unread bytes move to the front, into a larger buffer if needed."""
+        if self.start + nbytes <= len(self.buffer):
             return
-        unread = self.buffer[self.start:self.end]
+        unread = self.view[self.start:self.end]
         if nbytes > len(self.buffer):
             self.buffer = bytearray(nbytes)
             self.view = memoryview(self.buffer)
-        self.view[:len(unread)] = unread
-        self.start, self.end = 0, len(unread)
+        self.view[:unread.nbytes] = unread
+        self.start, self.end = 0, unread.nbytes
 
     def take(self, nbytes: int) -> memoryview:
+        """The next `nbytes`, viewed in place: valid until the next read into this buffer."""
         frame = self.view[self.start:self.start + nbytes]
         self.start += nbytes
+        if self.start == self.end:
+            self.start = self.end = 0
         return frame
 
 
