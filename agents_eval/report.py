@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 JSON_NAME = "report.json"
 MARKDOWN_NAME = "report.md"
@@ -54,6 +55,7 @@ class LineChart:
     ylabel: str
     x: Sequence[float]
     series: Mapping[str, Sequence[float]]
+    integer_x: bool = False  # ticks on whole numbers only (turns, steps)
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,8 @@ def save_line_chart(chart: LineChart, path: Path) -> None:
     axes.set_xlabel(chart.xlabel)
     axes.set_ylabel(chart.ylabel)
     axes.set_ylim(bottom=0)
+    if chart.integer_x:
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.grid(alpha=0.3)
     axes.legend()
     figure.savefig(path, dpi=120)

@@ -76,6 +76,7 @@ async def generate_choices(gw: GatewayState, prompt: Sequence[int], params: list
     SLO."""
     request_id = f"req-{uuid.uuid4().hex}"
     trace = gw.metrics.request_started(stats.endpoint)
+    queued_ahead = gw.admission.queued_tokens  # prefill work that must drain before this request's
     decision = gw.admission.try_admit(request_id, stats.prefill_estimate)
     if not decision.admit:
         gw.metrics.rejected(decision.reason)
@@ -85,7 +86,7 @@ async def generate_choices(gw: GatewayState, prompt: Sequence[int], params: list
     streams = [gw.engine.generate(list(prompt), p, f"{request_id}-{index}", masked_spans=masked_spans,
                                   session=session if index == 0 else None) for index, p in enumerate(params)]
     gw.metrics.handed_to_engine(trace)
-    observed = _Observed(gw, trace, request_id, time.monotonic())
+    observed = _Observed(gw, trace, request_id, time.monotonic(), queued_ahead)
     try:
         async for index, out in (_single(streams[0]) if len(streams) == 1 else _merge(streams)):
             observed.output(out)
@@ -105,6 +106,7 @@ class _Observed:
     trace: RequestTrace
     request_id: str
     submitted: float
+    queued_ahead: int  # tokens queued before it: its time to first token drains them too
     first: bool = True
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -116,8 +118,8 @@ class _Observed:
             self.first = False
             self.gw.metrics.first_token(self.trace, len(out.new_token_ids))
             self.gw.admission.on_first_token(self.request_id)
-            self.gw.admission.observe_prefill(self.prompt_tokens - self.cached_tokens,
-                                              time.monotonic() - self.submitted)
+            drained = self.queued_ahead + self.prompt_tokens - self.cached_tokens
+            self.gw.admission.observe_prefill(drained, time.monotonic() - self.submitted)
         elif out.new_token_ids:
             self.gw.metrics.token(self.trace, len(out.new_token_ids))
         if out.finished and out.finish_reason:

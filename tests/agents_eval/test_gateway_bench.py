@@ -1,0 +1,71 @@
+"""The gateway benchmark end to end at a tiny size: report keys, both per-turn curves, and the CLI entry."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agents_eval.gateway_bench import BenchResult, GatewayBenchSettings, run_benchmark
+from agents_eval.gateway_bench_client import CHAT, WS
+from engine.config import EngineSettings
+from gateway.cli import EXIT_BAD_INPUT, main
+
+SETTINGS = GatewayBenchSettings(model="tiny", requests=4, concurrency=(1, 4), rounds=1, turns=3, sessions=1)
+ENGINE_SETTINGS = EngineSettings(num_kv_blocks=512)
+REPORT_KEYS = {"settings", "engine_settings", "machine", "model_config", "overhead", "session", "goal",
+               "bench_wall_s", "load_average_at_end"}
+QUANTILE_KEYS = {"engine_ms", "gateway_ms", "gateway_server_ms", "overhead_ms", "overhead_in_app_ms",
+                 "client_and_socket_ms"}
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory: pytest.TempPathFactory) -> BenchResult:
+    return run_benchmark(SETTINGS, tmp_path_factory.mktemp("gateway-bench"), ENGINE_SETTINGS)
+
+
+@pytest.mark.slow
+def test_report_holds_overhead_per_concurrency_level(result: BenchResult) -> None:
+    report = json.loads(result.files.json.read_text())
+    assert report.keys() >= REPORT_KEYS
+    levels = report["overhead"]["levels"]
+    assert set(levels) == {"c1", "c4"} and set(report["goal"]["met"]) == {"c1", "c4"}
+    for level in levels.values():
+        assert level["p50"].keys() == level["p99"].keys() == QUANTILE_KEYS
+        assert level["samples"] == SETTINGS.requests
+        assert level["same_completion_tokens"]
+        assert level["tokens"]["engine"]["cached"] == level["tokens"]["gateway"]["cached"] == 0
+    assert report["overhead"]["client_floor"]["requests"] > 0
+
+
+@pytest.mark.slow
+def test_both_per_turn_curves_have_one_point_a_turn(result: BenchResult) -> None:
+    session = json.loads(result.files.json.read_text())["session"]
+    for mode in (WS, CHAT):
+        for key in ("turn_latency_ms", "prompt_tokens", "cached_tokens", "prefilled_tokens", "output_tokens"):
+            assert len(session[mode][key]) == SETTINGS.turns, (mode, key)
+        assert session[mode]["cached_tokens"][0] == 0  # every session starts cold
+        assert len(session[mode]["sessions_latency_ms"]) == SETTINGS.sessions
+    assert session[WS]["cached_tokens"][-1] > 0
+    assert session["chat_over_ws"].keys() == {"mean_ms", "p50_ms", "last_turn_ms"}
+    markdown = result.files.markdown.read_text()
+    assert "## Agent session: per-turn latency" in markdown and "| chat / WebSocket |" in markdown
+    assert result.files.chart.name == "turn_latency.png"
+    assert result.files.chart.read_bytes().startswith(b"\x89PNG")
+
+
+def test_cli_rejects_zero_turns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "gateway", "--out", str(tmp_path), "--turns", "0"])
+    assert exit_info.value.code == EXIT_BAD_INPUT
+    assert capsys.readouterr().err.strip() == "agentserve: error: --turns must be at least 1"
+    assert not any(tmp_path.iterdir())
+
+
+def test_cli_rejects_a_session_longer_than_the_context(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "gateway", "--out", str(tmp_path), "--model", "tiny", "--turns", "40"])
+    assert exit_info.value.code == EXIT_BAD_INPUT
+    assert "more than the model's context of 2048" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
