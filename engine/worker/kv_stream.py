@@ -50,8 +50,20 @@ class TransferStats:
     bytes: int = 0
     send_seconds: float = 0.0
     last_sent_at: float = 0.0
-    pending: int = 0
+    pending: int = 0  # layers queued and not yet sent; changed under `lock` (two threads)
     done: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def queued(self) -> None:
+        with self.lock:
+            self.pending += 1
+            self.done.clear()
+
+    def sent(self) -> None:
+        with self.lock:
+            self.pending -= 1
+            if self.pending == 0:
+                self.done.set()
 
 
 FAULTS = ("corrupt_payload", "wrong_version", "cut", "drop")  # injected on purpose, for failure tests
@@ -66,7 +78,7 @@ class LayerStreamer:
         self._senders: dict[str, KVSender] = {}
         self.targets: dict[str, str] = {}  # request id -> decode worker's KV address
         self.stats: dict[str, TransferStats] = {}
-        self._queue: queue.SimpleQueue[tuple[str, str, list[KVBlock]] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[str, TransferStats, str, list[KVBlock]] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._send_loop, name="kv-sender", daemon=True)
         self._thread.start()
 
@@ -84,9 +96,9 @@ class LayerStreamer:
             kv = self.engine.runner.read_kv(layer, self.engine.kv.block_ids(seq.request_id), seq.num_tokens)
             hashes = wire_hashes(seq.prompt_token_ids, self.engine.settings.block_size, seq.masked_spans)
             stats = self.stats.setdefault(seq.request_id, TransferStats())
-            stats.pending += 1
-            stats.done.clear()
-            self._queue.put((seq.request_id, address, layer_blocks(kv, layer, hashes, self.engine.settings.block_size)))
+            stats.queued()
+            blocks = layer_blocks(kv, layer, hashes, self.engine.settings.block_size)
+            self._queue.put((seq.request_id, stats, address, blocks))
 
     def finish(self, request_id: str, timeout_s: float = 30.0) -> tuple[TransferStats, float]:
         """Wait until the request's KV is sent; (stats, seconds of sending left after compute ended)."""
@@ -130,15 +142,12 @@ class LayerStreamer:
 
     def _send_loop(self) -> None:
         while (item := self._queue.get()) is not None:
-            request_id, address, blocks = item
-            stats = self.stats.get(request_id) or TransferStats()
+            request_id, stats, address, blocks = item  # the stats object itself: finish() may pop its entry
             started = time.monotonic()
             self._send_with_retry(request_id, address, blocks, stats)
             stats.last_sent_at = time.monotonic()
             stats.send_seconds += stats.last_sent_at - started
-            stats.pending -= 1
-            if stats.pending == 0:
-                stats.done.set()
+            stats.sent()
 
 
 def _faulty_frame(block: KVBlock, fault: str) -> bytes:

@@ -42,8 +42,12 @@ def disaggregated(request: pytest.FixtureRequest) -> Iterator[DisaggregatedEngin
 
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 def test_same_tokens_as_colocated(disaggregated: DisaggregatedEngine, params: SamplingParams) -> None:
+    before = sum(c.received for c in disaggregated.kv_counters().values())
     results = disaggregated.generate(PROMPTS, params)
     assert [r.token_ids for r in results] == colocated(params)
+    counters = disaggregated.kv_counters().values()
+    assert sum(c.received for c in counters) == before + len(PROMPTS)  # the KV came over, none recomputed
+    assert sum(c.recomputed + c.timed_out for c in counters) == 0
     assert all(r.finish_reason == "length" for r in results)
     assert disaggregated.transfers.requests >= len(PROMPTS) and disaggregated.transfers.bytes > 0
 
