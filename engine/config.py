@@ -6,7 +6,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 from pydantic_settings import (
@@ -104,11 +104,12 @@ class ModelConfig:
         return d
 
 
-class EngineSettings(BaseSettings):
-    """Engine knobs. Precedence: constructor arguments, then `AGENTSERVE_ENGINE_*` environment variables,
-    then `configs/engine.yaml` (or the file named by `AGENTSERVE_ENGINE_CONFIG`), then these defaults."""
+class YamlSettings(BaseSettings):
+    """Settings read from `configs/<config_file>` (or the file named by the `config_env` variable);
+    environment variables override the file and constructor arguments override both."""
 
-    model_config = SettingsConfigDict(env_prefix="AGENTSERVE_ENGINE_", extra="forbid")
+    config_env: ClassVar[str]
+    config_file: ClassVar[str]
 
     @classmethod
     def settings_customise_sources(
@@ -116,8 +117,18 @@ class EngineSettings(BaseSettings):
         env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        yaml_file = os.environ.get("AGENTSERVE_ENGINE_CONFIG", str(CONFIGS_DIR / "engine.yaml"))
+        yaml_file = os.environ.get(cls.config_env, str(CONFIGS_DIR / cls.config_file))
         return init_settings, env_settings, YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file)
+
+
+class EngineSettings(YamlSettings):
+    """Engine knobs. Precedence: constructor arguments, then `AGENTSERVE_ENGINE_*` environment variables,
+    then `configs/engine.yaml` (or the file named by `AGENTSERVE_ENGINE_CONFIG`), then these defaults."""
+
+    model_config = SettingsConfigDict(env_prefix="AGENTSERVE_ENGINE_", extra="forbid")
+
+    config_env: ClassVar[str] = "AGENTSERVE_ENGINE_CONFIG"
+    config_file: ClassVar[str] = "engine.yaml"
 
     block_size: int = 16
     num_kv_blocks: int | None = None  # None: derived from kv_cache_bytes

@@ -4,17 +4,12 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    YamlConfigSettingsSource,
-)
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import SettingsConfigDict
 
-from engine.config import CONFIGS_DIR
+from engine.config import YamlSettings
 
 
 class LimitSettings(BaseModel):
@@ -28,7 +23,9 @@ class LimitSettings(BaseModel):
     initial_prefill_tokens_per_s: float = 2000.0
 
 
-class GatewaySettings(BaseSettings):
+class GatewaySettings(YamlSettings):
+    config_env: ClassVar[str] = "AGENTSERVE_GATEWAY_CONFIG"
+    config_file: ClassVar[str] = "gateway.yaml"
     model_config = SettingsConfigDict(env_prefix="AGENTSERVE_", env_nested_delimiter="__", extra="ignore")
 
     host: str = "127.0.0.1"
@@ -38,7 +35,7 @@ class GatewaySettings(BaseSettings):
     redis_url: str | None = None  # sessions (and rate limits) in Redis when set
     session_ttl_s: float = 3600.0
     auth_enabled: bool = False
-    api_keys: list[dict[str, Any]] = []  # see gateway.auth.ApiKeyRecord
+    api_keys: list[dict[str, Any]] = Field(default_factory=list)  # see gateway.auth.ApiKeyRecord
     limits: LimitSettings = LimitSettings()
     drain_timeout_s: float = 30.0
     default_max_tokens: int = 256
@@ -46,12 +43,3 @@ class GatewaySettings(BaseSettings):
     @property
     def model_name(self) -> str:
         return self.served_model_name or os.path.basename(self.model.rstrip("/"))
-
-    @classmethod
-    def settings_customise_sources(
-        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        yaml_file = os.environ.get("AGENTSERVE_GATEWAY_CONFIG", str(CONFIGS_DIR / "gateway.yaml"))
-        return init_settings, env_settings, YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file)

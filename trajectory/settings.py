@@ -3,17 +3,12 @@ Pruning rules and the phase classifier keep their own files (`configs/pruning.ya
 
 from __future__ import annotations
 
-import os
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    YamlConfigSettingsSource,
-)
+from pydantic_settings import SettingsConfigDict
 
-from engine.config import CONFIGS_DIR
+from engine.config import YamlSettings
 
 
 class TTLSettings(BaseModel):
@@ -38,19 +33,12 @@ class MaskSettings(BaseModel):
     sink_tokens: int = 4  # the first tokens are never masked (attention sinks)
 
 
-class TrajectorySettings(BaseSettings):
+class TrajectorySettings(YamlSettings):
+    config_env: ClassVar[str] = "AGENTSERVE_TRAJECTORY_CONFIG"
+    config_file: ClassVar[str] = "trajectory.yaml"
     model_config = SettingsConfigDict(env_prefix="AGENTSERVE_TRAJECTORY_", env_nested_delimiter="__",
                                       extra="forbid")
 
     ttl: TTLSettings = TTLSettings()
     masks: MaskSettings = MaskSettings()
     prune: bool = True
-
-    @classmethod
-    def settings_customise_sources(
-        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        yaml_file = os.environ.get("AGENTSERVE_TRAJECTORY_CONFIG", str(CONFIGS_DIR / "trajectory.yaml"))
-        return init_settings, env_settings, YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file)

@@ -3,19 +3,16 @@
 
 from __future__ import annotations
 
-import os
+from typing import ClassVar
 
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    YamlConfigSettingsSource,
-)
+from pydantic_settings import SettingsConfigDict
 
-from engine.config import CONFIGS_DIR
+from engine.config import YamlSettings
 
 
-class DeploymentSettings(BaseSettings):
+class DeploymentSettings(YamlSettings):
+    config_env: ClassVar[str] = "AGENTSERVE_DEPLOYMENT_CONFIG"
+    config_file: ClassVar[str] = "deployment.yaml"
     model_config = SettingsConfigDict(env_prefix="AGENTSERVE_DEPLOYMENT_", extra="forbid")
 
     prefill: int = 1
@@ -26,12 +23,3 @@ class DeploymentSettings(BaseSettings):
     ready_timeout_s: float = 180.0
     clock_offset_warn_s: float = 0.001
     kv_fault: str | None = None  # failure testing only: corrupt_payload | wrong_version | cut | drop
-
-    @classmethod
-    def settings_customise_sources(
-        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        yaml_file = os.environ.get("AGENTSERVE_DEPLOYMENT_CONFIG", str(CONFIGS_DIR / "deployment.yaml"))
-        return init_settings, env_settings, YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file)
