@@ -30,10 +30,10 @@ def client(gateway_url: str) -> openai.OpenAI:
 
 def test_create_returns_a_message_usage_and_the_request_echo(client: openai.OpenAI) -> None:
     response = client.responses.create(model="tiny", input="Hello there", instructions="Answer briefly.",
-                                       max_output_tokens=5, temperature=0.5, top_p=0.9,
+                                       max_output_tokens=5, temperature=0.0, top_p=0.9,
                                        metadata={"run": "r1"})
     assert response.object == "response" and response.id.startswith("resp_")
-    assert response.status == "incomplete"  # the random model never stops by itself: it hits the limit
+    assert response.status == "incomplete"  # greedy, this random model does not stop by itself: it hits the limit
     assert response.incomplete_details is not None and response.incomplete_details.reason == "max_output_tokens"
     [message] = response.output
     assert message.type == "message" and message.role == "assistant"
@@ -42,12 +42,12 @@ def test_create_returns_a_message_usage_and_the_request_echo(client: openai.Open
     assert usage is not None and usage.output_tokens == 5
     assert usage.input_tokens > 0 and usage.total_tokens == usage.input_tokens + 5
     assert usage.input_tokens_details.cached_tokens == 0
-    assert (response.temperature, response.top_p, response.max_output_tokens) == (0.5, 0.9, 5)
+    assert (response.temperature, response.top_p, response.max_output_tokens) == (0.0, 0.9, 5)
     assert response.metadata == {"run": "r1"} and response.instructions == "Answer briefly."
 
 
 def test_stream_sends_the_events_in_order_with_increasing_sequence_numbers(client: openai.OpenAI) -> None:
-    events = list(client.responses.create(model="tiny", input="Hi", max_output_tokens=4, stream=True))
+    events = list(client.responses.create(model="tiny", input="Hi", max_output_tokens=4, stream=True, temperature=0))
     types = [event.type for event in events]
     assert types[:4] == ["response.created", "response.in_progress", "response.output_item.added",
                          "response.content_part.added"]
@@ -79,8 +79,9 @@ def test_tool_outputs_and_message_parts_are_accepted_as_input(client: openai.Ope
         "type": "function", "name": "get_weather", "description": "Weather of a city", "strict": False,
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
     first = client.responses.create(model="tiny", input=[{"role": "user", "content": [
-        {"type": "input_text", "text": "Weather in Paris?"}]}], tools=tools, max_output_tokens=3)
+        {"type": "input_text", "text": "Weather in Paris?"}]}], tools=tools, max_output_tokens=3, temperature=0)
     second = client.responses.create(model="tiny", previous_response_id=first.id, tools=tools, max_output_tokens=3,
+                                     temperature=0,
                                      input=[{"type": "function_call_output", "call_id": "call_1",
                                              "output": "18C, cloudy"}])
     assert second.status == "incomplete" and second.tools[0].type == "function"

@@ -71,7 +71,8 @@ def until_terminal(ws: ClientConnection) -> list[dict[str, Any]]:
 
 
 def create(ws: ClientConnection, **fields: Any) -> list[dict[str, Any]]:
-    ws.send(json.dumps({"type": "response.create", "model": "tiny", "max_output_tokens": 3, **fields}))
+    ws.send(json.dumps({"type": "response.create", "model": "tiny", "max_output_tokens": 3, "temperature": 0,
+                        **fields}))
     return until_terminal(ws)
 
 
@@ -89,7 +90,8 @@ def test_a_five_turn_session_reuses_each_turns_kv(gateway: Gateway) -> None:
                 if event.type in TERMINAL:
                     break
             final = events[-1]
-            assert final.type == "response.incomplete", final
+            # sampled (temperature 1): the reply ends at max_output_tokens or, now and then, at EOS
+            assert final.type in ("response.incomplete", "response.completed"), final
             assert [e.sequence_number for e in events] == list(range(len(events)))
             assert final.response.usage is not None
             previous = final.response.id
