@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -172,15 +173,28 @@ class LLMEngine:
 
     def generate(self, prompts: Seq[Prompt], params: SamplingParams | Seq[SamplingParams]) -> list[Completion]:
         """Run prompts to completion; results in prompt order."""
-        all_params = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
-        for prompt, sp in zip(prompts, all_params, strict=True):
-            self.validate(prompt, sp)
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, all_params, strict=True)]
-        results = {i: Completion(i) for i in ids}
-        while self.has_unfinished():
-            for out in self.step():
-                results[out.request_id].add(out)
-        return [results[i] for i in ids]
+        return run_to_completion(self, prompts, params)
+
+
+class SteppedEngine(Protocol):
+    def validate(self, prompt: Prompt, params: SamplingParams) -> list[int]: ...
+    def add_request(self, prompt: Prompt, params: SamplingParams) -> str: ...
+    def has_unfinished(self) -> bool: ...
+    def step(self) -> list[RequestOutput]: ...
+
+
+def run_to_completion(engine: SteppedEngine, prompts: Seq[Prompt],
+                      params: SamplingParams | Seq[SamplingParams]) -> list[Completion]:
+    """Validate every prompt first (nothing is queued if one is bad), then step until all are done."""
+    all_params = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+    for prompt, sp in zip(prompts, all_params, strict=True):
+        engine.validate(prompt, sp)
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, all_params, strict=True)]
+    results = {i: Completion(i) for i in ids}
+    while engine.has_unfinished():
+        for out in engine.step():
+            results[out.request_id].add(out)
+    return [results[i] for i in ids]
 
 
 def _tuple(token_id: int | None) -> tuple[int, ...]:

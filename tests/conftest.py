@@ -84,6 +84,16 @@ def load_hf_reference() -> Callable[[Path], torch.nn.Module]:
     return load
 
 
+def wait_for(condition: Callable[[], bool], timeout_s: float = 30.0) -> bool:
+    """Poll until condition holds (True) or timeout_s passes (False): a bounded wait for tests."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from multiprocessing.connection import wait
 
 from engine.config import EngineSettings
-from engine.llm_engine import Completion
+from engine.llm_engine import Completion, run_to_completion
 from engine.output import RequestOutput
 from engine.requests import Prompt, RequestValidator, load_tokenizer_or_none, num_kv_blocks, read_model_config
 from engine.sampling import SamplingParams
@@ -77,7 +77,7 @@ class DisaggregatedEngine:
         self._counters: dict[int, m.KVCounters] = {}
 
     def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None) -> str:
-        token_ids = self.validator.validate(prompt, params)
+        token_ids = self.validate(prompt, params)
         request_id = request_id or f"req-{next(self._ids)}"
         tracked = Tracked(request_id, token_ids, params)
         self.tracked[request_id] = tracked
@@ -227,15 +227,12 @@ class DisaggregatedEngine:
         worker.role = role
         worker.send(m.SetRole(role, time.time()))
 
+    def validate(self, prompt: Prompt, params: SamplingParams) -> list[int]:
+        return self.validator.validate(prompt, params)
+
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams]
                  ) -> list[Completion]:
-        all_params = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, all_params, strict=True)]
-        results = {i: Completion(i) for i in ids}
-        while self.has_unfinished():
-            for out in self.step():
-                results[out.request_id].add(out)
-        return [results[i] for i in ids]
+        return run_to_completion(self, prompts, params)
 
     def shutdown(self, deadline_s: float = 10.0) -> list[m.KVCounters]:
         """Stop every worker within the deadline; their KV transfer counters."""

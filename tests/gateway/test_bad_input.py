@@ -4,7 +4,6 @@ leaves no work and no KV behind."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,7 +15,7 @@ from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine
 from gateway.app import create_app
 from gateway.settings import GatewaySettings, LimitSettings
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_for
 from tests.gateway.conftest import running_gateway, serving
 
 HI = [{"role": "user", "content": "hi"}]
@@ -142,15 +141,6 @@ def test_an_oversized_body_is_413(small_body_url: str, send: Callable[[bytes], A
     response = httpx.post(f"{small_body_url}/v1/chat/completions", content=send(small),
                           headers={"content-type": "application/json"}, timeout=30)
     assert response.status_code == 200
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])

@@ -6,7 +6,6 @@ import json
 import signal
 import subprocess
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +17,7 @@ import pytest
 import redis
 
 from gateway.session_store import KEY_PREFIX
+from tests.conftest import wait_for
 from tests.gateway.conftest import GatewayProcess
 
 
@@ -79,15 +79,6 @@ def test_a_session_continues_on_another_replica_through_redis(replicas: list[Rep
     assert key in store.keys(f"{KEY_PREFIX}*")
     assert len(store.get(key) or b"") > sizes[0] > 0  # B saved the session's second turn
     assert store.pttl(key) > 0
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 @pytest.mark.slow
