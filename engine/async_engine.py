@@ -9,13 +9,17 @@ import logging
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
 from queue import Empty, SimpleQueue
+from typing import Protocol
 
-from engine.llm_engine import LLMEngine, Prompt
 from engine.mask import MaskedSpan
 from engine.output import RequestOutput
+from engine.requests import Prompt
 from engine.sampling import RequestError, SamplingParams
 from engine.sequence import SessionRef
+from engine.stats import EngineStats
+from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +30,28 @@ class EngineDeadError(RuntimeError):
     """The engine loop failed or was shut down while the request was running."""
 
 
+class ServingEngine(Protocol):
+    """What the gateway serves: the colocated `LLMEngine` or the `DisaggregatedEngine`."""
+
+    tokenizer: Tokenizer | None
+    checkpoint_dir: Path | None
+    max_model_len: int
+
+    def tokenize(self, prompt: Prompt) -> list[int]: ...
+    def validate(self, prompt: Prompt, params: SamplingParams) -> list[int]: ...
+    def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *,
+                    masked_spans: Sequence[MaskedSpan] = (), session: SessionRef | None = None) -> str: ...
+    def abort(self, request_id: str) -> object: ...
+    def has_unfinished(self) -> bool: ...
+    def step(self) -> list[RequestOutput]: ...
+    def wakeup(self) -> None: ...
+    def set_session_ttl(self, key: str, ttl_s: float) -> bool: ...
+    def stats(self) -> EngineStats: ...
+    def shutdown(self, deadline_s: float = 10.0) -> object: ...
+
+
 class AsyncLLMEngine:
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: ServingEngine) -> None:
         self.engine = engine
         self._commands: SimpleQueue[Callable[[], object]] = SimpleQueue()  # run for effect
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[_Item]]] = {}
@@ -39,11 +63,14 @@ class AsyncLLMEngine:
         self._thread.start()
 
     def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the loop thread, then the engine (its worker processes, if any)."""
         self._stopping.set()
         self._wake.set()
+        self.engine.wakeup()
         if self._thread.is_alive():
             self._thread.join(timeout)
         self._fail_all(EngineDeadError("engine shut down"))
+        self.engine.shutdown(timeout)
 
     async def generate(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *,
                        masked_spans: Sequence[MaskedSpan] = (),
@@ -74,13 +101,14 @@ class AsyncLLMEngine:
     def abort(self, request_id: str) -> None:
         self._submit(lambda: self.engine.abort(request_id))
 
-    def call(self, fn: Callable[[LLMEngine], object]) -> None:
+    def call(self, fn: Callable[[ServingEngine], object]) -> None:
         """Run fn(engine) on the engine thread between two steps."""
         self._submit(lambda: fn(self.engine))
 
     def _submit(self, command: Callable[[], object]) -> None:
         self._commands.put(command)
         self._wake.set()
+        self.engine.wakeup()
 
     def _add(self, token_ids: list[int], params: SamplingParams, request_id: str,
              masked_spans: Sequence[MaskedSpan], session: SessionRef | None) -> None:

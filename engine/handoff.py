@@ -12,7 +12,7 @@ import torch
 from engine.llm_engine import LLMEngine
 from engine.mask import MaskedSpan
 from engine.sampling import SamplingParams
-from engine.sequence import Sequence
+from engine.sequence import Sequence, SessionRef
 
 
 @dataclass
@@ -24,6 +24,7 @@ class Handoff:
     sampler_state: bytes
     num_cached_tokens: int
     masked_spans: tuple[MaskedSpan, ...] = ()
+    session: SessionRef | None = None  # pinned on the decode side when the turn finishes
 
     @property
     def num_kv_tokens(self) -> int:
@@ -57,7 +58,7 @@ def accept_handoff(engine: LLMEngine, handoff: Handoff, kv_layers: list[torch.Te
     received KV was used."""
     seq = Sequence(handoff.request_id, list(handoff.prompt_token_ids), handoff.params,
                    output_token_ids=[handoff.first_token], num_cached_tokens=handoff.num_cached_tokens,
-                   masked_spans=handoff.masked_spans)
+                   masked_spans=handoff.masked_spans, session=handoff.session)
     state = _bytes_tensor(handoff.sampler_state)
     used = kv_layers is not None and _load_kv(engine, seq, kv_layers)
     engine.outputs.resume(seq)

@@ -7,7 +7,7 @@ import itertools
 import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
@@ -22,6 +22,7 @@ from engine.requests import Prompt, RequestValidator, load_tokenizer_or_none, nu
 from engine.sampling import RequestError, SamplingParams, TokenLogprob
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import Sequence, SessionRef
+from engine.stats import EngineStats, StepTimer, queue_stats
 
 
 @dataclass
@@ -78,6 +79,7 @@ class LLMEngine:
         self._seqs: dict[str, Sequence] = {}
         self.prefilled: dict[str, Prefilled] = {}  # prefill-only requests whose KV awaits hand-off
         self._next_id = itertools.count()
+        self.step_timer = StepTimer()
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         return self.validator.tokenize(prompt)
@@ -126,12 +128,14 @@ class LLMEngine:
 
     def step(self, on_layer: Callable[[ScheduledBatch, int], None] | None = None) -> list[RequestOutput]:
         """One scheduling step; on_layer(batch, layer) runs after each layer (layer-wise KV streaming)."""
-        batch = self.scheduler.schedule(time.monotonic())
+        started = time.monotonic()
+        batch = self.scheduler.schedule(started)
         if not batch.seqs:
             return self._finish_unschedulable()
         block_tables = [self.kv.block_ids(s.request_id) for s in batch.seqs]
         layer_done = None if on_layer is None else functools.partial(on_layer, batch)
         result = self.runner.execute(batch, block_tables, layer_done)
+        self.step_timer.observe(time.monotonic() - started, _prefill_tokens(batch))
         self.scheduler.update(batch, result.sampled)
         outputs = []
         for seq in batch.seqs:
@@ -165,6 +169,19 @@ class LLMEngine:
         """Re-time the KV pin of a session's last turn; False when it holds none."""
         return self.scheduler.pins.set_ttl(key, ttl_s, time.monotonic())
 
+    def stats(self) -> EngineStats:
+        queues = queue_stats(list(self.scheduler.running), list(self.scheduler.waiting), time.monotonic())
+        return replace(queues, kv_usage=self.kv.usage, kv_blocks_free=self.kv.num_free_blocks,
+                       prefix_cache_queries=self.kv.stats.queries, prefix_cache_hits=self.kv.stats.hits,
+                       decode_step_s=self.step_timer.decode_step_s,
+                       prefill_tokens_per_s=self.step_timer.prefill_tokens_per_s, workers={"colocated": 1})
+
+    def wakeup(self) -> None:
+        """Nothing to do: a colocated step never blocks waiting for events."""
+
+    def shutdown(self, deadline_s: float = 10.0) -> None:
+        """Nothing to stop: the engine lives in this process."""
+
     def get_sampling_state(self, request_id: str) -> torch.Tensor:
         return self.runner.sampler.get_state(request_id)
 
@@ -195,6 +212,12 @@ def run_to_completion(engine: SteppedEngine, prompts: Seq[Prompt],
         for out in engine.step():
             results[out.request_id].add(out)
     return [results[i] for i in ids]
+
+
+def _prefill_tokens(batch: ScheduledBatch) -> int:
+    """Tokens of the batch that are prompt, not one decode token per running stream (before update())."""
+    return sum(n for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True)
+               if seq.num_computed_tokens < seq.num_prompt_tokens)
 
 
 def _tuple(token_id: int | None) -> tuple[int, ...]:

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.async_engine import AsyncLLMEngine
+from engine.async_engine import AsyncLLMEngine, ServingEngine
 from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine
 from gateway import chat, ops, responses, responses_ws
@@ -28,7 +28,16 @@ from trajectory.agent import Policies
 from trajectory.template import load_chat_template
 
 
-def build_state(settings: GatewaySettings, engine: LLMEngine) -> GatewayState:
+def build_engine(settings: GatewaySettings) -> ServingEngine:
+    """The embedded engine: colocated, or worker processes when the config says disaggregated."""
+    if not settings.disaggregated:
+        return LLMEngine(settings.model, EngineSettings())
+    from engine.worker.coordinator import DisaggregatedEngine  # worker processes: only when asked
+
+    return DisaggregatedEngine(settings.model, EngineSettings())
+
+
+def build_state(settings: GatewaySettings, engine: ServingEngine) -> GatewayState:
     if engine.tokenizer is None:
         raise ValueError(f"model {settings.model} has no tokenizer; the gateway needs one to serve chat")
     template = load_chat_template(engine.checkpoint_dir)
@@ -41,9 +50,9 @@ def build_state(settings: GatewaySettings, engine: LLMEngine) -> GatewayState:
                         AdmissionController(limits.ttft_slo_s, limits.initial_prefill_tokens_per_s), Metrics())
 
 
-def create_app(settings: GatewaySettings | None = None, engine: LLMEngine | None = None) -> FastAPI:
+def create_app(settings: GatewaySettings | None = None, engine: ServingEngine | None = None) -> FastAPI:
     settings = settings or GatewaySettings()
-    state = build_state(settings, engine or LLMEngine(settings.model, EngineSettings()))
+    state = build_state(settings, engine or build_engine(settings))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

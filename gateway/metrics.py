@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
 
+from engine.stats import EngineStats
+
 PREFIX = "agentserve:"
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the classic format every Prometheus reads
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -204,15 +206,16 @@ class Metrics:
     def set_workers(self, role: str, count: int) -> None:
         self.gauges.workers.labels(role).set(count)
 
-    def sync_engine(self, *, num_running: int, num_waiting: int, kv_cache_usage: float, kv_blocks_free: int,
-                    prefix_cache_queries: int, prefix_cache_hits: int, source: str = "engine") -> None:
+    def sync_engine(self, stats: EngineStats, source: str = "engine") -> None:
         """An engine stats snapshot. Prefix-cache numbers are the engine's cumulative totals (tokens)."""
-        self.gauges.running.set(num_running)
-        self.gauges.waiting.set(num_waiting)
-        self.gauges.kv_usage.set(kv_cache_usage)
-        self.gauges.kv_blocks_free.set(kv_blocks_free)
-        self.counters.prefix_cache_queries.inc(self._queries.delta(source, prefix_cache_queries))
-        self.counters.prefix_cache_hits.inc(self._hits.delta(source, prefix_cache_hits))
+        self.gauges.running.set(stats.running)
+        self.gauges.waiting.set(stats.waiting)
+        self.gauges.kv_usage.set(stats.kv_usage)
+        self.gauges.kv_blocks_free.set(stats.kv_blocks_free)
+        for role, count in stats.workers.items():
+            self.set_workers(role, count)
+        self.counters.prefix_cache_queries.inc(self._queries.delta(source, stats.prefix_cache_queries))
+        self.counters.prefix_cache_hits.inc(self._hits.delta(source, stats.prefix_cache_hits))
 
     def render(self) -> tuple[bytes, str]:
         """The `/metrics` body and its content type: always the classic text format, whatever the scraper's

@@ -29,12 +29,8 @@ async def health() -> PlainTextResponse:
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
     gw = gateway_state(request)
-    engine = gw.engine.engine
-    scheduler = engine.scheduler
-    gw.metrics.sync_engine(num_running=len(scheduler.running), num_waiting=len(scheduler.waiting),
-                           kv_cache_usage=engine.kv.usage, kv_blocks_free=engine.kv.num_free_blocks,
-                           prefix_cache_queries=engine.kv.stats.queries, prefix_cache_hits=engine.kv.stats.hits)
-    gw.metrics.set_workers("colocated", 1)
+    gw.metrics.sync_engine(gw.engine.engine.stats())
+    gw.metrics.set_sessions(await gw.sessions.store.count())
     body, content_type = gw.metrics.render()
     return Response(body, media_type=content_type)
 

@@ -44,6 +44,7 @@ class SamplingFields(_Body):
     top_p: float = Field(default=1.0, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=1)
     seed: int | None = None
+    ignore_eos: bool = False  # vLLM's extension: generate max_tokens whatever the model says (benchmarks)
     stop: str | list[str] | None = None
     n: int = Field(default=1, ge=1, le=16)
     stream: bool = False
@@ -62,7 +63,8 @@ class SamplingFields(_Body):
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         seed = None if self.seed is None else self.seed + choice
         return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
-                              top_k=self.top_k, seed=seed, stop=stops, logprobs=logprobs)
+                              top_k=self.top_k, seed=seed, stop=stops, logprobs=logprobs,
+                              ignore_eos=self.ignore_eos)
 
     @property
     def include_usage(self) -> bool:

@@ -55,6 +55,7 @@ class ResponseCreateRequest(BaseModel):
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0, le=2)
     top_p: float = Field(default=1.0, gt=0, le=1)
+    ignore_eos: bool = False  # vLLM's extension: generate max_output_tokens whatever the model says
     metadata: dict[str, str] | None = None
     user: str | None = None
     stream: bool = False
@@ -199,7 +200,8 @@ def _prepare(gw: GatewayState, body: ResponseCreateRequest, target: SessionTarge
     and its sampling parameters; RequestError when the engine would refuse them."""
     plan = turn.trajectory.add_messages(input_messages(body, target.starting))
     max_tokens = (body.max_output_tokens or gw.settings.default_max_tokens) if body.generate else 1
-    params = SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p)
+    params = SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
+                            ignore_eos=body.ignore_eos)
     prompt = plan.prompt_token_ids if body.generate else turn.trajectory.state.token_ids
     if prompt:
         gw.engine.engine.validate(prompt, params)

@@ -19,6 +19,8 @@ class SessionStore(Protocol):
 
     async def delete(self, session_id: str) -> None: ...
 
+    async def count(self) -> int: ...
+
     async def close(self) -> None: ...
 
 
@@ -39,6 +41,10 @@ class MemorySessionStore:
     async def delete(self, session_id: str) -> None:
         self._items.pop(session_id, None)
 
+    async def count(self) -> int:
+        now = time.monotonic()
+        return sum(expires > now for _, expires in self._items.values())
+
     async def close(self) -> None:
         self._items.clear()
 
@@ -56,6 +62,10 @@ class RedisSessionStore:
 
     async def delete(self, session_id: str) -> None:
         await self._redis.delete(KEY_PREFIX + session_id)
+
+    async def count(self) -> int:
+        """Sessions of every replica sharing this Redis (a SCAN: fine at scrape intervals)."""
+        return sum([1 async for _ in self._redis.scan_iter(match=KEY_PREFIX + "*", count=1000)])
 
     async def close(self) -> None:
         await self._redis.aclose()

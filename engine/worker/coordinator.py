@@ -1,6 +1,8 @@
-"""The disaggregated engine as the serving process sees it: starts the worker processes, routes each
-request to a prefill worker (which streams the KV to a decode worker) and relays outputs. Same
-add_request / step / abort / generate surface as the colocated `LLMEngine`.
+"""The disaggregated engine as the serving process sees it: starts the worker processes, places each
+request (the decode worker holding most of its session's KV, and a prefill worker unless the uncached
+delta is small enough to prefill where it decodes), relays outputs, and lets the capacity controller move
+workers between roles. Same surface as the colocated `LLMEngine` (add_request / step / abort / stats /
+set_session_ttl), so the gateway serves either.
 
 A worker that dies is detected (its pipe closes or its process ends); its requests are re-run on the
 remaining workers from their token ids, skipping the tokens already streamed (identical for greedy and
@@ -8,54 +10,32 @@ for seeded sampling)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import multiprocessing as mp
+import socket
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from multiprocessing.connection import wait
 
 from engine.config import EngineSettings
 from engine.llm_engine import Completion, run_to_completion
+from engine.mask import MaskedSpan
 from engine.output import RequestOutput
 from engine.requests import Prompt, RequestValidator, load_tokenizer_or_none, num_kv_blocks, read_model_config
-from engine.sampling import SamplingParams
+from engine.sampling import RequestError, SamplingParams
+from engine.sequence import SessionRef
+from engine.stats import EngineStats
 from engine.worker import messages as m
 from engine.worker.deployment import DeploymentSettings
 from engine.worker.handles import WorkerHandle, start_workers, stop_workers
+from engine.worker.placement import Placer
+from engine.worker.session_homes import SessionHomes
+from engine.worker.tracking import Tracked, TransferLog
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Tracked:
-    request_id: str
-    token_ids: list[int]
-    params: SamplingParams
-    worker_ids: set[int] = field(default_factory=set)
-    emitted: int = 0  # output tokens already given to the caller
-    emitted_chars: int = 0
-    skip: int = 0  # tokens a re-run regenerates that the caller already has
-    skip_chars: int = 0
-    attempt: int = 0
-
-    @property
-    def attempt_id(self) -> str:
-        return self.request_id if self.attempt == 0 else f"{self.request_id}#retry{self.attempt}"
-
-
-@dataclass
-class TransferLog:
-    requests: int = 0
-    bytes: int = 0
-    send_seconds: float = 0.0
-    exposed_seconds: float = 0.0
-
-    @property
-    def hidden_fraction(self) -> float:
-        """Share of KV sending that overlapped the prefill's own compute."""
-        return 1.0 - self.exposed_seconds / self.send_seconds if self.send_seconds else 0.0
 
 
 class DisaggregatedEngine:
@@ -63,11 +43,14 @@ class DisaggregatedEngine:
                  deployment: DeploymentSettings | None = None) -> None:
         self.settings = settings or EngineSettings()
         self.deployment = deployment or DeploymentSettings()
-        config, checkpoint_dir = read_model_config(model)
-        self.tokenizer = load_tokenizer_or_none(checkpoint_dir)
-        self.validator = RequestValidator(config, self.tokenizer, self.settings.block_size,
-                                          num_kv_blocks(config, self.settings))
+        self.config, self.checkpoint_dir = read_model_config(model)
+        self.max_model_len = self.config.max_position_embeddings
+        self.tokenizer = load_tokenizer_or_none(self.checkpoint_dir)
+        self.validator = RequestValidator(self.config, self.tokenizer, self.settings.block_size,
+                                          num_kv_blocks(self.config, self.settings))
         self.workers = start_workers(mp.get_context("spawn"), model, self.settings, self.deployment)
+        self.homes = SessionHomes(self.settings.block_size)
+        self.placer = Placer(self.workers, self.homes, self.settings.block_size)
         self.tracked: dict[str, Tracked] = {}
         self.by_attempt: dict[str, Tracked] = {}
         self.transfers = TransferLog()
@@ -75,40 +58,53 @@ class DisaggregatedEngine:
         self.dead_workers: list[int] = []
         self._ids = itertools.count()
         self._counters: dict[int, m.KVCounters] = {}
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
 
-    def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None) -> str:
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        return self.validator.tokenize(prompt)
+
+    def validate(self, prompt: Prompt, params: SamplingParams) -> list[int]:
+        return self.validator.validate(prompt, params)
+
+    def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *,
+                    masked_spans: Sequence[MaskedSpan] = (), session: SessionRef | None = None) -> str:
         token_ids = self.validate(prompt, params)
         request_id = request_id or f"req-{next(self._ids)}"
-        tracked = Tracked(request_id, token_ids, params)
+        if request_id in self.tracked:
+            raise RequestError(f"request id {request_id!r} is already running")
+        if any(span.end > len(token_ids) for span in masked_spans):
+            raise RequestError(f"a masked span ends past the prompt's {len(token_ids)} tokens")
+        tracked = Tracked(request_id, token_ids, params, tuple(masked_spans), session)
         self.tracked[request_id] = tracked
         self._dispatch(tracked)
         return request_id
 
     def _dispatch(self, tracked: Tracked) -> None:
         self.by_attempt[tracked.attempt_id] = tracked
-        prefill, decode = self._pick(m.PREFILL), self._pick(m.DECODE)
-        if prefill is None or decode is None or prefill is decode:
-            target = prefill or decode or self._any_alive()
-            target.send(m.Submit(tracked.attempt_id, tracked.token_ids, tracked.params))
-            tracked.worker_ids = {target.worker_id}
+        placement = self.placer.place(tracked.session, tracked.token_ids, self._loads(), time.monotonic())
+        submit = m.Submit(tracked.attempt_id, tracked.token_ids, tracked.params,
+                          tracked.masked_spans, session=tracked.session)
+        if placement.prefill is None:
+            tracked.local_prefill = True
+            self.transfers.local_prefills += 1
+            self.workers[placement.decode].send(submit)
+            tracked.worker_ids = {placement.decode}
             return
-        prefill.send(m.Submit(tracked.attempt_id, tracked.token_ids, tracked.params,
-                              decode_address=decode.kv_address))
+        prefill, decode = self.workers[placement.prefill], self.workers[placement.decode]
+        prefill.send(replace(submit, decode_address=decode.kv_address))
         tracked.worker_ids = {prefill.worker_id}
         prefill.pending_decode[tracked.attempt_id] = decode.worker_id
 
-    def _pick(self, role: str) -> WorkerHandle | None:
-        candidates = [w for w in self.workers if w.alive and w.role == role]
-        return min(candidates, key=self._load) if candidates else None
-
-    def _load(self, worker: WorkerHandle) -> int:
-        return sum(worker.worker_id in t.worker_ids for t in self.tracked.values())
-
-    def _any_alive(self) -> WorkerHandle:
-        alive = [w for w in self.workers if w.alive]
-        if not alive:
-            raise RuntimeError("every engine worker has died")
-        return alive[0]
+    def _loads(self) -> dict[int, int]:
+        """Requests each worker is busy with, as the coordinator knows them (placement's load)."""
+        loads = {w.worker_id: 0 for w in self.workers if w.alive}
+        for tracked in self.tracked.values():
+            for worker_id in tracked.worker_ids:
+                if worker_id in loads:
+                    loads[worker_id] += 1
+        return loads
 
     def abort(self, request_id: str) -> None:
         tracked = self.tracked.pop(request_id, None)
@@ -120,14 +116,26 @@ class DisaggregatedEngine:
     def has_unfinished(self) -> bool:
         return bool(self.tracked)
 
+    def wakeup(self) -> None:
+        """Cut a step's wait short (new work arrived from another thread)."""
+        with contextlib.suppress(BlockingIOError):  # a full buffer: a wake-up is already pending
+            self._wake_w.send(b"\0")
+
     def step(self, timeout_s: float = 0.05) -> list[RequestOutput]:
         outputs: list[RequestOutput] = []
-        ready = wait([w.conn for w in self.workers if w.alive], timeout_s)
+        ready = wait([w.conn for w in self.workers if w.alive] + [self._wake_r], timeout_s)
+        if self._wake_r in ready:
+            self._drain_wakeups()
         for worker in self.workers:
             if worker.conn in ready:
                 outputs += self._drain(worker)
         self._check_liveness()
         return outputs
+
+    def _drain_wakeups(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while self._wake_r.recv(4096):
+                pass
 
     def _drain(self, worker: WorkerHandle) -> list[RequestOutput]:
         outputs: list[RequestOutput] = []
@@ -140,8 +148,10 @@ class DisaggregatedEngine:
 
     def _on_event(self, worker: WorkerHandle, event: m.Event) -> list[RequestOutput]:
         if isinstance(event, m.Outputs):
-            return [out for raw in event.outputs if (out := self._relay(raw)) is not None]
-        if isinstance(event, m.Prefilled):
+            return [out for raw in event.outputs if (out := self._relay(worker, raw)) is not None]
+        if isinstance(event, m.Load):
+            worker.stats = event.stats
+        elif isinstance(event, m.Prefilled):
             self._forward_handoff(worker, event)
         elif isinstance(event, m.Counters):
             self._counters[event.worker_id] = event.counters
@@ -166,7 +176,7 @@ class DisaggregatedEngine:
         decode.send(m.AcceptHandoff(event.handoff))
         tracked.worker_ids = {decode.worker_id}
 
-    def _relay(self, raw: RequestOutput) -> RequestOutput | None:
+    def _relay(self, worker: WorkerHandle, raw: RequestOutput) -> RequestOutput | None:
         tracked = self.by_attempt.get(raw.request_id)
         if tracked is None or tracked.request_id not in self.tracked:
             return None
@@ -174,14 +184,20 @@ class DisaggregatedEngine:
         tracked.skip = max(0, tracked.skip - len(raw.new_token_ids))
         text = raw.new_text[tracked.skip_chars:]
         tracked.skip_chars = max(0, tracked.skip_chars - len(raw.new_text))
-        tracked.emitted += len(new_tokens)
+        tracked.output_ids += new_tokens
         tracked.emitted_chars += len(text)
         finished = raw.finished and raw.finish_reason != "prefilled"
         if finished:
-            del self.tracked[tracked.request_id]
-            self.by_attempt.pop(raw.request_id, None)
+            self._finished(worker, tracked, raw.finish_reason)
         return replace(raw, request_id=tracked.request_id, new_token_ids=new_tokens, new_text=text,
                        finished=finished, finish_reason=raw.finish_reason if finished else None)
+
+    def _finished(self, worker: WorkerHandle, tracked: Tracked, reason: str | None) -> None:
+        del self.tracked[tracked.request_id]
+        self.by_attempt.pop(tracked.attempt_id, None)
+        if tracked.session is not None and reason != "abort":
+            self.homes.turn_finished(tracked.session.key, worker.worker_id, tracked.token_ids + tracked.output_ids,
+                                     tracked.session.ttl_s, time.monotonic())
 
     def _check_liveness(self) -> None:
         for worker in self.workers:
@@ -193,6 +209,7 @@ class DisaggregatedEngine:
             return
         worker.alive = False
         self.dead_workers.append(worker.worker_id)
+        self.homes.forget_worker(worker.worker_id)
         log.error("engine worker %d (pid %s) died; re-running its requests", worker.worker_id, worker.process.pid)
         for tracked in list(self.tracked.values()):
             waiting_decode = any(w.pending_decode.get(tracked.attempt_id) == worker.worker_id for w in self.workers)
@@ -202,8 +219,21 @@ class DisaggregatedEngine:
     def _rerun(self, tracked: Tracked) -> None:
         self.by_attempt.pop(tracked.attempt_id, None)
         tracked.attempt += 1
-        tracked.skip, tracked.skip_chars = tracked.emitted, tracked.emitted_chars
+        tracked.skip, tracked.skip_chars = len(tracked.output_ids), tracked.emitted_chars
         self._dispatch(tracked)
+
+    def set_session_ttl(self, key: str, ttl_s: float) -> bool:
+        """Re-time the KV pin of a session's last turn on the worker holding it; False when none does."""
+        worker_id = self.homes.set_ttl(key, ttl_s, time.monotonic())
+        if worker_id is None or not self.workers[worker_id].alive:
+            return False
+        self.workers[worker_id].send(m.SetSessionTTL(key, ttl_s))
+        return True
+
+    def stats(self) -> EngineStats:
+        alive = [w for w in self.workers if w.alive]
+        roles = {role: sum(w.role == role for w in alive) for role in (m.PREFILL, m.DECODE)}
+        return EngineStats.total([w.stats for w in alive], roles)
 
     def inject_kv_fault(self, fault: str | None) -> None:
         """Failure testing only: make every prefill worker damage its KV transfers (None: stop)."""
@@ -225,10 +255,8 @@ class DisaggregatedEngine:
     def set_role(self, worker_id: int, role: str) -> None:
         worker = self.workers[worker_id]
         worker.role = role
+        worker.switched_at = time.monotonic()
         worker.send(m.SetRole(role, time.time()))
-
-    def validate(self, prompt: Prompt, params: SamplingParams) -> list[int]:
-        return self.validator.validate(prompt, params)
 
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams]
                  ) -> list[Completion]:
@@ -236,4 +264,6 @@ class DisaggregatedEngine:
 
     def shutdown(self, deadline_s: float = 10.0) -> list[m.KVCounters]:
         """Stop every worker within the deadline; their KV transfer counters."""
+        self._wake_r.close()
+        self._wake_w.close()
         return stop_workers(self.workers, deadline_s)

@@ -10,6 +10,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.context import SpawnContext, SpawnProcess
 
 from engine.config import EngineSettings
+from engine.stats import EngineStats
 from engine.worker import messages as m
 from engine.worker.deployment import DeploymentSettings
 from engine.worker.worker import WorkerSpec, run_worker
@@ -28,6 +29,8 @@ class WorkerHandle:
     clock_offset_s: float = 0.0  # worker clock minus ours
     alive: bool = True
     pending_decode: dict[str, int] = field(default_factory=dict)  # attempt id -> decode worker, while prefilling
+    stats: EngineStats = field(default_factory=EngineStats)  # its latest Load report
+    switched_at: float = 0.0  # monotonic time of its last role change (hysteresis)
 
     def send(self, command: m.Command) -> None:
         self.conn.send(command)

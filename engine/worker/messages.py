@@ -9,6 +9,8 @@ from engine.handoff import Handoff
 from engine.mask import MaskedSpan
 from engine.output import RequestOutput
 from engine.sampling import SamplingParams
+from engine.sequence import SessionRef
+from engine.stats import EngineStats
 
 PREFILL, DECODE = "prefill", "decode"
 
@@ -21,6 +23,7 @@ class Submit:
     params: SamplingParams
     masked_spans: tuple[MaskedSpan, ...] = ()
     decode_address: str | None = None  # set: prefill only, stream the KV there; None: run it whole here
+    session: SessionRef | None = None  # the agent session whose KV the worker that decodes it pins
 
 
 @dataclass
@@ -37,6 +40,12 @@ class Abort:
 class SetRole:
     role: str
     sent_at: float  # coordinator's clock, for the switch latency
+
+
+@dataclass
+class SetSessionTTL:
+    key: str
+    ttl_s: float
 
 
 @dataclass
@@ -61,7 +70,8 @@ class CountersQuery:
     pass
 
 
-Command = Submit | AcceptHandoff | Abort | SetRole | Ping | Shutdown | InjectKVFault | CountersQuery
+Command = (Submit | AcceptHandoff | Abort | SetRole | SetSessionTTL | Ping | Shutdown | InjectKVFault
+           | CountersQuery)
 
 
 # worker -> coordinator
@@ -119,4 +129,12 @@ class Counters:
     counters: KVCounters
 
 
-Event = Ready | Outputs | Prefilled | RoleChanged | Pong | Stopped | Counters
+@dataclass
+class Load:
+    """Sent every report interval while the worker is busy, and once when it turns idle."""
+
+    worker_id: int
+    stats: EngineStats
+
+
+Event = Load | Ready | Outputs | Prefilled | RoleChanged | Pong | Stopped | Counters

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 
 import torch
@@ -18,6 +18,7 @@ from engine.handoff import accept_handoff, release, take_handoff
 from engine.kv_wire import KVWireError
 from engine.llm_engine import LLMEngine
 from engine.output import RequestOutput
+from engine.sequence import SessionRef
 from engine.transport import make_transport
 from engine.transport.base import KVReceiver
 from engine.worker import messages as m
@@ -38,6 +39,7 @@ class WorkerSpec:
     num_threads: int
     kv_timeout_s: float
     kv_fault: str | None = None  # failure testing only: see kv_stream.FAULTS
+    report_interval_s: float = 0.1  # how often a busy worker sends its Load
 
 
 def run_worker(spec: WorkerSpec, conn: Connection) -> None:
@@ -62,6 +64,9 @@ class Worker:
         self.role = spec.role
         self.assembler = KVAssembler(engine.config.num_hidden_layers, engine.settings.block_size, spec.kv_timeout_s)
         self.stopping = False
+        self.handoff_sessions: dict[str, SessionRef] = {}  # prefill-only request -> session its decoder pins
+        self.last_report = 0.0
+        self.reported_idle = True
 
     def loop(self) -> None:
         while not self.stopping:
@@ -71,7 +76,15 @@ class Worker:
             self._take_assembled()
             if self.engine.has_unfinished():
                 self._dispatch(self.engine.step(self.streamer.on_layer))
+            self._report_load()
         self.conn.send(m.Stopped(self.assembler.counters))
+
+    def _report_load(self) -> None:
+        busy = self.engine.has_unfinished()
+        now = time.monotonic()
+        if (busy and now - self.last_report >= self.spec.report_interval_s) or (not busy and not self.reported_idle):
+            self.conn.send(m.Load(self.spec.worker_id, self.engine.stats()))
+            self.last_report, self.reported_idle = now, not busy
 
     def _commands(self, wait_s: float) -> None:
         while self.conn.poll(wait_s):
@@ -88,6 +101,8 @@ class Worker:
         elif isinstance(command, m.SetRole):
             self.role = command.role
             self.conn.send(m.RoleChanged(command.role, command.sent_at, time.time()))
+        elif isinstance(command, m.SetSessionTTL):
+            self.engine.set_session_ttl(command.key, command.ttl_s)
         elif isinstance(command, m.Ping):
             self.conn.send(m.Pong(command.sent_at, time.time()))
         elif isinstance(command, m.Shutdown):
@@ -101,10 +116,14 @@ class Worker:
         prefill_only = command.decode_address is not None
         if prefill_only:
             self.streamer.targets[command.request_id] = str(command.decode_address)
+            if command.session is not None:
+                self.handoff_sessions[command.request_id] = command.session
         self.engine.add_request(command.token_ids, command.params, command.request_id,
-                                masked_spans=command.masked_spans, prefill_only=prefill_only)
+                                masked_spans=command.masked_spans, prefill_only=prefill_only,
+                                session=None if prefill_only else command.session)
 
     def _abort(self, request_id: str) -> None:
+        self.handoff_sessions.pop(request_id, None)
         out = self.engine.abort(request_id)
         release(self.engine, request_id)
         if out is not None:
@@ -137,7 +156,8 @@ class Worker:
 
     def _hand_off(self, out: RequestOutput) -> None:
         stats, exposed = self.streamer.finish(out.request_id)
-        handoff = take_handoff(self.engine, out.request_id)
+        handoff = replace(take_handoff(self.engine, out.request_id),
+                          session=self.handoff_sessions.pop(out.request_id, None))
         release(self.engine, out.request_id)
         self.conn.send(m.Outputs([out]))
         self.conn.send(m.Prefilled(handoff, stats.bytes, stats.send_seconds, exposed))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine.stats import EngineStats
 from gateway.metrics import Metrics
 
 HISTOGRAMS = ["time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
@@ -122,12 +123,11 @@ def test_aborts_rejections_turns_sessions_workers() -> None:
 
 def test_sync_engine_sets_gauges_and_turns_totals_into_increments() -> None:
     metrics = Metrics()
-    metrics.sync_engine(num_running=4, num_waiting=2, kv_cache_usage=0.375, kv_blocks_free=80,
-                        prefix_cache_queries=100, prefix_cache_hits=60)
-    metrics.sync_engine(num_running=1, num_waiting=0, kv_cache_usage=0.5, kv_blocks_free=64,
-                        prefix_cache_queries=150, prefix_cache_hits=90)
-    metrics.sync_engine(num_running=1, num_waiting=0, kv_cache_usage=0.5, kv_blocks_free=64,
-                        prefix_cache_queries=150, prefix_cache_hits=90)
+    metrics.sync_engine(EngineStats(running=4, waiting=2, kv_usage=0.375, kv_blocks_free=80,
+                                    prefix_cache_queries=100, prefix_cache_hits=60, workers={"colocated": 1}))
+    for _ in range(2):
+        metrics.sync_engine(EngineStats(running=1, waiting=0, kv_usage=0.5, kv_blocks_free=64,
+                                        prefix_cache_queries=150, prefix_cache_hits=90, workers={"colocated": 1}))
     _, samples = scrape(metrics)
     assert value(samples, "num_requests_running") == 1
     assert value(samples, "num_requests_waiting") == 0
@@ -135,13 +135,14 @@ def test_sync_engine_sets_gauges_and_turns_totals_into_increments() -> None:
     assert value(samples, "kv_blocks_free") == 64
     assert value(samples, "prefix_cache_queries_total") == 150
     assert value(samples, "prefix_cache_hits_total") == 90
+    assert value(samples, "num_workers", role="colocated") == 1
 
 
 def test_sync_engine_survives_an_engine_restart_and_several_sources() -> None:
     metrics = Metrics()
     for source, queries, hits in [("worker-0", 100, 50), ("worker-1", 30, 10), ("worker-0", 20, 5)]:  # 0 restarted
-        metrics.sync_engine(num_running=0, num_waiting=0, kv_cache_usage=0.0, kv_blocks_free=10,
-                            prefix_cache_queries=queries, prefix_cache_hits=hits, source=source)
+        metrics.sync_engine(EngineStats(kv_blocks_free=10, prefix_cache_queries=queries, prefix_cache_hits=hits),
+                            source=source)
     _, samples = scrape(metrics)
     assert value(samples, "prefix_cache_queries_total") == 150
     assert value(samples, "prefix_cache_hits_total") == 65

@@ -1,0 +1,68 @@
+"""What an engine (one worker) reports of its load: for the gateway's metrics and the capacity controller.
+Pure data, no torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.sequence import Sequence
+
+
+@dataclass
+class StepTimer:
+    """Exponential moving averages of how long steps take: decode-only steps (seconds per output token
+    of one stream) and prefill throughput (prompt tokens computed per second)."""
+
+    alpha: float = 0.2
+    decode_step_s: float = 0.0
+    prefill_tokens_per_s: float = 0.0
+
+    def observe(self, seconds: float, prefill_tokens: int) -> None:
+        if prefill_tokens:
+            rate = prefill_tokens / max(seconds, 1e-9)
+            self.prefill_tokens_per_s = self._ema(self.prefill_tokens_per_s, rate)
+        else:
+            self.decode_step_s = self._ema(self.decode_step_s, seconds)
+
+    def _ema(self, old: float, new: float) -> float:
+        return new if old == 0.0 else (1 - self.alpha) * old + self.alpha * new
+
+
+@dataclass
+class EngineStats:
+    running: int = 0
+    waiting: int = 0
+    prefill_tokens_waiting: int = 0  # prompt tokens queued or mid-prefill, not yet computed
+    oldest_wait_s: float = 0.0  # of the requests not yet started
+    decode_streams: int = 0  # running requests past their prefill
+    kv_usage: float = 0.0  # fraction of KV blocks in use
+    kv_blocks_free: int = 0
+    prefix_cache_queries: int = 0  # cumulative
+    prefix_cache_hits: int = 0  # cumulative
+    decode_step_s: float = 0.0  # EMA; 0 until a decode-only step ran
+    prefill_tokens_per_s: float = 0.0  # EMA; 0 until a prefill ran
+    workers: dict[str, int] = field(default_factory=dict)  # role -> count
+
+    @classmethod
+    def total(cls, parts: list[EngineStats], workers: dict[str, int]) -> EngineStats:
+        """Counts summed; latencies averaged over the parts that measured them."""
+        def mean(values: list[float]) -> float:
+            measured = [v for v in values if v > 0]
+            return sum(measured) / len(measured) if measured else 0.0
+
+        return cls(sum(p.running for p in parts), sum(p.waiting for p in parts),
+                   sum(p.prefill_tokens_waiting for p in parts), max((p.oldest_wait_s for p in parts), default=0.0),
+                   sum(p.decode_streams for p in parts), mean([p.kv_usage for p in parts]),
+                   sum(p.kv_blocks_free for p in parts), sum(p.prefix_cache_queries for p in parts),
+                   sum(p.prefix_cache_hits for p in parts), mean([p.decode_step_s for p in parts]),
+                   mean([p.prefill_tokens_per_s for p in parts]), workers)
+
+
+def queue_stats(running: list[Sequence], waiting: list[Sequence], now: float) -> EngineStats:
+    """EngineStats with the queue-shaped fields filled."""
+    in_prefill = [s for s in running if s.num_computed_tokens < s.num_prompt_tokens]
+    pending = in_prefill + waiting
+    return EngineStats(running=len(running), waiting=len(waiting),
+                       prefill_tokens_waiting=sum(s.num_prompt_tokens - s.num_computed_tokens for s in pending),
+                       oldest_wait_s=max((now - s.arrival_time for s in waiting), default=0.0),
+                       decode_streams=len(running) - len(in_prefill))
