@@ -126,3 +126,34 @@ def write_report(out_dir: Path, data: dict[str, Any], title: str, tables: Sequen
     else:
         save_bar_chart(chart, files.chart)
     return files
+
+
+@dataclass(frozen=True)
+class CdfChart:
+    """One empirical CDF per series (e.g. request latency per configuration): the share of samples at or below x."""
+
+    filename: str
+    title: str
+    xlabel: str
+    samples: Mapping[str, Sequence[float]]
+    log_x: bool = False
+
+
+def save_cdf_chart(chart: CdfChart, path: Path) -> None:
+    figure = Figure(figsize=(8, 4.5), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots()
+    for label, values in chart.samples.items():
+        ordered = sorted(values)
+        if ordered:
+            shares = [(rank + 1) / len(ordered) for rank in range(len(ordered))]
+            axes.step(ordered, shares, where="post", label=f"{label} (n={len(ordered)})")
+    if chart.log_x:
+        axes.set_xscale("log")
+    axes.set_title(chart.title)
+    axes.set_xlabel(chart.xlabel)
+    axes.set_ylabel("share of requests at or below")
+    axes.set_ylim(0, 1.02)
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.savefig(path, dpi=120)

@@ -11,19 +11,32 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from queue import Empty, SimpleQueue
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from engine.mask import MaskedSpan
 from engine.output import RequestOutput
 from engine.requests import Prompt
 from engine.sampling import RequestError, SamplingParams
 from engine.sequence import SessionRef
-from engine.stats import EngineStats
+from engine.stats import AgentSignals, EngineStats
 from engine.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from engine.worker.capacity_loop import CapacityLoop
 
 log = logging.getLogger(__name__)
 
 _Item = RequestOutput | BaseException
+_T = TypeVar("_T")
+
+
+def _settle(future: asyncio.Future[_T], result: _T | None, error: BaseException | None) -> None:
+    if future.done():  # the caller gave up waiting
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)  # type: ignore[arg-type]
 
 
 class EngineDeadError(RuntimeError):
@@ -37,6 +50,10 @@ class ServingEngine(Protocol):
     checkpoint_dir: Path | None
     max_model_len: int
 
+    @property
+    def capacity(self) -> CapacityLoop | None:
+        """The capacity controller of a disaggregated engine."""
+
     def tokenize(self, prompt: Prompt) -> list[int]: ...
     def validate(self, prompt: Prompt, params: SamplingParams) -> list[int]: ...
     def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *,
@@ -47,6 +64,7 @@ class ServingEngine(Protocol):
     def wakeup(self) -> None: ...
     def set_session_ttl(self, key: str, ttl_s: float) -> bool: ...
     def stats(self) -> EngineStats: ...
+    def update_signals(self, signals: AgentSignals) -> None: ...
     def shutdown(self, deadline_s: float = 10.0) -> object: ...
 
 
@@ -104,6 +122,22 @@ class AsyncLLMEngine:
     def call(self, fn: Callable[[ServingEngine], object]) -> None:
         """Run fn(engine) on the engine thread between two steps."""
         self._submit(lambda: fn(self.engine))
+
+    async def query(self, fn: Callable[[ServingEngine], _T]) -> _T:
+        """fn(engine) run on the engine thread between two steps; its result (or its exception)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[_T] = loop.create_future()
+
+        def run() -> None:
+            try:
+                result = fn(self.engine)
+            except Exception as error:  # handed to the awaiting caller
+                loop.call_soon_threadsafe(_settle, future, None, error)
+            else:
+                loop.call_soon_threadsafe(_settle, future, result, None)
+
+        self._submit(run)
+        return await future
 
     def _submit(self, command: Callable[[], object]) -> None:
         self._commands.put(command)

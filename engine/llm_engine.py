@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -22,7 +22,10 @@ from engine.requests import Prompt, RequestValidator, load_tokenizer_or_none, nu
 from engine.sampling import RequestError, SamplingParams, TokenLogprob
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import Sequence, SessionRef
-from engine.stats import EngineStats, StepTimer, queue_stats
+from engine.stats import AgentSignals, EngineStats, StepTimer, queue_stats
+
+if TYPE_CHECKING:
+    from engine.worker.capacity_loop import CapacityLoop
 
 
 @dataclass
@@ -80,6 +83,7 @@ class LLMEngine:
         self.prefilled: dict[str, Prefilled] = {}  # prefill-only requests whose KV awaits hand-off
         self._next_id = itertools.count()
         self.step_timer = StepTimer()
+        self.capacity: CapacityLoop | None = None  # one worker does both jobs: no capacity controller
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         return self.validator.tokenize(prompt)
@@ -181,6 +185,9 @@ class LLMEngine:
 
     def shutdown(self, deadline_s: float = 10.0) -> None:
         """Nothing to stop: the engine lives in this process."""
+
+    def update_signals(self, signals: AgentSignals) -> None:
+        """Nothing to steer: one worker does both jobs."""
 
     def get_sampling_state(self, request_id: str) -> torch.Tensor:
         return self.runner.sampler.get_state(request_id)

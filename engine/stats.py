@@ -42,6 +42,8 @@ class EngineStats:
     decode_step_s: float = 0.0  # EMA; 0 until a decode-only step ran
     prefill_tokens_per_s: float = 0.0  # EMA; 0 until a prefill ran
     workers: dict[str, int] = field(default_factory=dict)  # role -> count
+    alerts: dict[str, int] = field(default_factory=dict)  # capacity alert -> 1 while firing
+    role_moves: int = 0  # cumulative role changes the capacity controller made
 
     @classmethod
     def total(cls, parts: list[EngineStats], workers: dict[str, int]) -> EngineStats:
@@ -66,3 +68,15 @@ def queue_stats(running: list[Sequence], waiting: list[Sequence], now: float) ->
                        prefill_tokens_waiting=sum(s.num_prompt_tokens - s.num_computed_tokens for s in pending),
                        oldest_wait_s=max((now - s.arrival_time for s in waiting), default=0.0),
                        decode_streams=len(running) - len(in_prefill))
+
+
+@dataclass(frozen=True)
+class AgentSignals:
+    """What the gateway knows of the agents' load that the engine cannot see: the think/act mix, the latest
+    phase shift, and the predictor's forecast for the next interval."""
+
+    think_share: float | None = None  # share of recent load that is think (prefill-heavy) turns
+    shift: str | None = None  # "think" or "act": direction of the latest detected phase shift
+    shift_at: float | None = None  # monotonic seconds when that shift was detected
+    forecast_prefill_tokens: float = 0.0
+    forecast_decode_tokens: float = 0.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
@@ -12,12 +13,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.async_engine import AsyncLLMEngine, ServingEngine
+from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine
-from gateway import chat, ops, responses, responses_ws
+from gateway import admin, chat, ops, responses, responses_ws
 from gateway.admission import AdmissionController
 from gateway.auth import KeyRing
 from gateway.errors import error_body, install_error_handlers
+from gateway.load_signals import LoadSignals
 from gateway.metrics import Metrics
 from gateway.ratelimit import open_rate_limiter
 from gateway.session_store import open_session_store
@@ -34,7 +37,7 @@ def build_engine(settings: GatewaySettings) -> ServingEngine:
         return LLMEngine(settings.model, EngineSettings())
     from engine.worker.coordinator import DisaggregatedEngine  # worker processes: only when asked
 
-    return DisaggregatedEngine(settings.model, EngineSettings())
+    return DisaggregatedEngine(settings.model, EngineSettings(), capacity=CapacitySettings())
 
 
 def build_state(settings: GatewaySettings, engine: ServingEngine) -> GatewayState:
@@ -44,10 +47,24 @@ def build_state(settings: GatewaySettings, engine: ServingEngine) -> GatewayStat
     store = open_session_store(settings.redis_url)
     sessions = SessionManager(store, template, engine.tokenizer, Policies.load(), settings.session_ttl_s)
     limits = settings.limits
-    return GatewayState(settings, AsyncLLMEngine(engine), engine.tokenizer, sessions,
+    async_engine = AsyncLLMEngine(engine)
+    return GatewayState(settings, async_engine, engine.tokenizer, sessions,
                         KeyRing.from_config(settings.api_keys, settings.auth_enabled),
                         open_rate_limiter(settings.redis_url),
-                        AdmissionController(limits.ttft_slo_s, limits.initial_prefill_tokens_per_s), Metrics())
+                        AdmissionController(limits.ttft_slo_s, limits.initial_prefill_tokens_per_s), Metrics(),
+                        load_signals(settings, async_engine))
+
+
+def load_signals(settings: GatewaySettings, engine: AsyncLLMEngine) -> LoadSignals:
+    """The forecaster is loaded only where a capacity controller reads it (a disaggregated engine)."""
+    forecaster = None
+    if settings.disaggregated:
+        from predictor.forecast import LoadForecaster  # torch model: only when used
+
+        forecaster = LoadForecaster(Path(settings.predictor_model) if settings.predictor_model else None)
+    recording = Path(settings.record_sessions) if settings.record_sessions else None
+    capacity = CapacitySettings()
+    return LoadSignals(engine, capacity.interval_s, capacity.forecast_horizon_s, forecaster, recording)
 
 
 def create_app(settings: GatewaySettings | None = None, engine: ServingEngine | None = None) -> FastAPI:
@@ -57,9 +74,11 @@ def create_app(settings: GatewaySettings | None = None, engine: ServingEngine | 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state.engine.start()
+        state.signals.start()
         try:
             yield
         finally:
+            await state.signals.stop()
             state.engine.shutdown()
             await state.sessions.store.close()
             await state.limiter.close()
@@ -67,7 +86,7 @@ def create_app(settings: GatewaySettings | None = None, engine: ServingEngine | 
     app = FastAPI(title="agentserve", lifespan=lifespan)
     app.state.gateway = state
     install_error_handlers(app)
-    for router in (chat.router, ops.router, responses.router, responses_ws.router):
+    for router in (chat.router, ops.router, responses.router, responses_ws.router, admin.router):
         app.include_router(router)
     app.add_middleware(Guard, state=state)
     return app

@@ -10,12 +10,15 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from engine.capacity import tune
 from engine.config import EngineSettings
 from engine.llm_engine import Completion, LLMEngine
 from engine.qos import add_qos_arguments, main_qos
 from engine.sampling import SamplingParams
+from gateway import monitor
 from gateway.auth import new_key
 from gateway.settings import GatewaySettings
+from predictor.cli import register as register_predictor
 
 if TYPE_CHECKING:
     from engine.worker.coordinator import DisaggregatedEngine
@@ -67,8 +70,7 @@ def _run_generate(args: argparse.Namespace) -> None:
             [result] = engine.generate([prompt], params)
             print(json.dumps(_as_json(result)) if args.json else result.text, flush=True)
     finally:
-        if not isinstance(engine, LLMEngine):
-            engine.shutdown()
+        engine.shutdown()
 
 
 def _engine(args: argparse.Namespace) -> LLMEngine | DisaggregatedEngine:
@@ -132,7 +134,10 @@ def _run_new_key(_: argparse.Namespace) -> None:
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks (agents_eval); each writes report.json, report.md, a plot")
-    kinds = p.add_subparsers(dest="kind", required=True)
+    agent_bench = importlib.import_module("agents_eval.agent_bench")  # `bench --workload W`: no kind
+    agent_bench.add_arguments(p)
+    p.set_defaults(run=agent_bench.run)
+    kinds = p.add_subparsers(dest="kind")
     for name, (module_name, help_text) in BENCHMARKS.items():
         module = importlib.import_module(module_name)
         bench = kinds.add_parser(name, help=help_text)
@@ -154,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     _add_qos(sub)
     _add_keys(sub)
+    register_predictor(sub)
+    tune.add_arguments(sub.add_parser("tune", help="decode concurrency and prefill batch size for a model on a GPU"))
+    monitor.add_arguments(sub.add_parser("monitor", help="live view of a metric, the role split and alerts"))
     return parser
 
 

@@ -19,7 +19,9 @@ from gateway.errors import APIError
 from gateway.metrics import RequestTrace
 from gateway.sessions import SessionTurn, message_digest
 from gateway.state import GatewayState
+from predictor.records import TurnRecord
 from trajectory.agent import TurnPlan
+from trajectory.phase import PhaseEstimate
 from trajectory.template_types import Message
 
 
@@ -58,14 +60,15 @@ class TurnStats:
     prefill_estimate: int  # tokens likely to be prefilled (the turn's delta, or the whole prompt)
     pruned_tokens: int = 0
     masked_tokens: int = 0
-    phase: str | None = None
+    phase: PhaseEstimate | None = None
+    session_id: str | None = None
 
 
 def turn_stats(endpoint: str, plan: TurnPlan, persistent: bool) -> TurnStats:
     pruned = sum(p.tokens_before - p.tokens_after for p in plan.pruning)
     masked = sum(span.end - span.start for span in plan.masked_spans)
     estimate = plan.new_tokens if persistent else len(plan.prompt_token_ids)
-    return TurnStats(endpoint, estimate, pruned, masked, plan.phase.phase.value)
+    return TurnStats(endpoint, estimate, pruned, masked, plan.phase, plan.session.key)
 
 
 async def generate_choices(gw: GatewayState, prompt: Sequence[int], params: list[SamplingParams],
@@ -87,6 +90,8 @@ async def generate_choices(gw: GatewayState, prompt: Sequence[int], params: list
                                   session=session if index == 0 else None) for index, p in enumerate(params)]
     gw.metrics.handed_to_engine(trace)
     observed = _Observed(gw, trace, request_id, time.monotonic(), queued_ahead)
+    if stats.session_id is not None and stats.phase is not None:
+        gw.signals.turn_started(stats.session_id, stats.phase, stats.prefill_estimate)
     try:
         async for index, out in (_single(streams[0]) if len(streams) == 1 else _merge(streams)):
             observed.output(out)
@@ -110,10 +115,12 @@ class _Observed:
     first: bool = True
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    output_tokens: int = 0
     finish_reason: str = "abort"
 
     def output(self, out: RequestOutput) -> None:
         self.prompt_tokens, self.cached_tokens = out.num_prompt_tokens, out.num_cached_tokens
+        self.output_tokens += len(out.new_token_ids)
         if out.new_token_ids and self.first:
             self.first = False
             self.gw.metrics.first_token(self.trace, len(out.new_token_ids))
@@ -130,8 +137,13 @@ class _Observed:
         self.gw.metrics.finished(self.trace, self.finish_reason, prompt_tokens=self.prompt_tokens,
                                  cached_tokens=self.cached_tokens, pruned_tokens=stats.pruned_tokens,
                                  masked_tokens=stats.masked_tokens)
-        if stats.phase is not None:
-            self.gw.metrics.turn(stats.phase)
+        if stats.phase is None or stats.session_id is None:
+            return
+        phase = stats.phase.phase.value
+        self.gw.metrics.turn(phase)
+        new_tokens = max(0, self.prompt_tokens - self.cached_tokens)
+        self.gw.signals.turn_finished(stats.session_id, self.submitted, TurnRecord(
+            new_tokens, self.prompt_tokens, self.cached_tokens, self.output_tokens, 0.0, phase))  # type: ignore[arg-type]
 
 
 async def _merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:

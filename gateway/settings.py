@@ -40,6 +40,8 @@ class GatewaySettings(YamlSettings):
     limits: LimitSettings = LimitSettings()
     drain_timeout_s: float = 30.0
     default_max_tokens: int = 256
+    predictor_model: str | None = None  # next-turn load model; None: the shipped predictor/default_model.pt
+    record_sessions: str | None = None  # a JSONL path: record per-turn session statistics (predictor training)
 
     @property
     def model_name(self) -> str:

@@ -8,6 +8,7 @@ from engine.async_engine import AsyncLLMEngine
 from engine.tokenizer import Tokenizer
 from gateway.admission import AdmissionController
 from gateway.auth import KeyRing
+from gateway.load_signals import LoadSignals
 from gateway.metrics import Metrics
 from gateway.ratelimit import RateLimiter
 from gateway.sessions import SessionManager
@@ -24,6 +25,7 @@ class GatewayState:
     limiter: RateLimiter
     admission: AdmissionController
     metrics: Metrics
+    signals: LoadSignals
     draining: bool = False
     in_flight: int = 0  # API requests not yet fully answered
 

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from multiprocessing.connection import wait
 
+from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
 from engine.llm_engine import Completion, run_to_completion
 from engine.mask import MaskedSpan
@@ -27,8 +28,9 @@ from engine.output import RequestOutput
 from engine.requests import Prompt, RequestValidator, load_tokenizer_or_none, num_kv_blocks, read_model_config
 from engine.sampling import RequestError, SamplingParams
 from engine.sequence import SessionRef
-from engine.stats import EngineStats
+from engine.stats import AgentSignals, EngineStats
 from engine.worker import messages as m
+from engine.worker.capacity_loop import CapacityLoop
 from engine.worker.deployment import DeploymentSettings
 from engine.worker.handles import WorkerHandle, start_workers, stop_workers
 from engine.worker.placement import Placer
@@ -40,9 +42,10 @@ log = logging.getLogger(__name__)
 
 class DisaggregatedEngine:
     def __init__(self, model: str, settings: EngineSettings | None = None,
-                 deployment: DeploymentSettings | None = None) -> None:
+                 deployment: DeploymentSettings | None = None, capacity: CapacitySettings | None = None) -> None:
         self.settings = settings or EngineSettings()
         self.deployment = deployment or DeploymentSettings()
+        capacity = capacity or CapacitySettings()
         self.config, self.checkpoint_dir = read_model_config(model)
         self.max_model_len = self.config.max_position_embeddings
         self.tokenizer = load_tokenizer_or_none(self.checkpoint_dir)
@@ -50,7 +53,8 @@ class DisaggregatedEngine:
                                           num_kv_blocks(self.config, self.settings))
         self.workers = start_workers(mp.get_context("spawn"), model, self.settings, self.deployment)
         self.homes = SessionHomes(self.settings.block_size)
-        self.placer = Placer(self.workers, self.homes, self.settings.block_size)
+        self.placer = Placer(self.workers, self.homes, capacity, self.settings.block_size)
+        self.capacity = CapacityLoop(capacity, self.workers, self.set_role)
         self.tracked: dict[str, Tracked] = {}
         self.by_attempt: dict[str, Tracked] = {}
         self.transfers = TransferLog()
@@ -86,13 +90,13 @@ class DisaggregatedEngine:
         placement = self.placer.place(tracked.session, tracked.token_ids, self._loads(), time.monotonic())
         submit = m.Submit(tracked.attempt_id, tracked.token_ids, tracked.params,
                           tracked.masked_spans, session=tracked.session)
-        if placement.prefill is None:
+        if placement.prefill_worker is None:
             tracked.local_prefill = True
             self.transfers.local_prefills += 1
-            self.workers[placement.decode].send(submit)
-            tracked.worker_ids = {placement.decode}
+            self.workers[placement.decode_worker].send(submit)
+            tracked.worker_ids = {placement.decode_worker}
             return
-        prefill, decode = self.workers[placement.prefill], self.workers[placement.decode]
+        prefill, decode = self.workers[placement.prefill_worker], self.workers[placement.decode_worker]
         prefill.send(replace(submit, decode_address=decode.kv_address))
         tracked.worker_ids = {prefill.worker_id}
         prefill.pending_decode[tracked.attempt_id] = decode.worker_id
@@ -130,6 +134,7 @@ class DisaggregatedEngine:
             if worker.conn in ready:
                 outputs += self._drain(worker)
         self._check_liveness()
+        self.capacity.tick(time.monotonic())
         return outputs
 
     def _drain_wakeups(self) -> None:
@@ -156,8 +161,9 @@ class DisaggregatedEngine:
         elif isinstance(event, m.Counters):
             self._counters[event.worker_id] = event.counters
         elif isinstance(event, m.RoleChanged):
-            applied = event.applied_at - worker.clock_offset_s
-            self.role_switches.append(max(0.0, applied - event.sent_at))
+            latency = max(0.0, event.applied_at - worker.clock_offset_s - event.sent_at)
+            self.role_switches.append(latency)
+            self.capacity.role_applied(time.monotonic(), worker.worker_id, event.role, latency)
         return []
 
     def _forward_handoff(self, worker: WorkerHandle, event: m.Prefilled) -> None:
@@ -180,6 +186,8 @@ class DisaggregatedEngine:
         tracked = self.by_attempt.get(raw.request_id)
         if tracked is None or tracked.request_id not in self.tracked:
             return None
+        if raw.new_token_ids and tracked.first_token_at is None:
+            tracked.first_token_at = time.monotonic()
         new_tokens = raw.new_token_ids[tracked.skip:]
         tracked.skip = max(0, tracked.skip - len(raw.new_token_ids))
         text = raw.new_text[tracked.skip_chars:]
@@ -195,9 +203,12 @@ class DisaggregatedEngine:
     def _finished(self, worker: WorkerHandle, tracked: Tracked, reason: str | None) -> None:
         del self.tracked[tracked.request_id]
         self.by_attempt.pop(tracked.attempt_id, None)
+        now = time.monotonic()
+        if tracked.first_token_at is not None and reason != "abort":
+            self.capacity.times.observe(tracked.first_token_at - tracked.submitted_at, now - tracked.first_token_at)
         if tracked.session is not None and reason != "abort":
             self.homes.turn_finished(tracked.session.key, worker.worker_id, tracked.token_ids + tracked.output_ids,
-                                     tracked.session.ttl_s, time.monotonic())
+                                     tracked.session.ttl_s, now)
 
     def _check_liveness(self) -> None:
         for worker in self.workers:
@@ -230,10 +241,14 @@ class DisaggregatedEngine:
         self.workers[worker_id].send(m.SetSessionTTL(key, ttl_s))
         return True
 
+    def update_signals(self, signals: AgentSignals) -> None:
+        self.capacity.update_signals(signals, time.monotonic())
+
     def stats(self) -> EngineStats:
         alive = [w for w in self.workers if w.alive]
         roles = {role: sum(w.role == role for w in alive) for role in (m.PREFILL, m.DECODE)}
-        return EngineStats.total([w.stats for w in alive], roles)
+        return replace(EngineStats.total([w.stats for w in alive], roles), alerts=self.capacity.alerts.gauges(),
+                       role_moves=self.capacity.moves)
 
     def inject_kv_fault(self, fault: str | None) -> None:
         """Failure testing only: make every prefill worker damage its KV transfers (None: stop)."""

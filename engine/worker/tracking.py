@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from engine.mask import MaskedSpan
@@ -23,6 +24,8 @@ class Tracked:
     skip_chars: int = 0
     attempt: int = 0
     local_prefill: bool = False  # prefilled on its decode worker (conditional disaggregation)
+    submitted_at: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
 
     @property
     def attempt_id(self) -> str:

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
 from engine.llm_engine import Completion, LLMEngine
 from engine.sampling import SamplingParams
@@ -28,9 +29,13 @@ def colocated(params: SamplingParams) -> list[list[int]]:
     return [r.token_ids for r in LLMEngine("tiny", SETTINGS).generate(PROMPTS, params)]
 
 
+ALWAYS_REMOTE = CapacitySettings(enabled=False, local_prefill_max_tokens=0, local_prefill_max_uncached_share=0)
+
+
 def start(transport: str = "shm", **deployment: object) -> DisaggregatedEngine:
+    """Every request crosses from the prefill to the decode worker; roles move only when a test says so."""
     return DisaggregatedEngine("tiny", SETTINGS, DeploymentSettings(transport=transport, kv_timeout_s=2.0,
-                                                                     **deployment))
+                                                                     **deployment), ALWAYS_REMOTE)
 
 
 @pytest.fixture(scope="module", params=["shm", "tcp"])

@@ -247,6 +247,16 @@ def test_models_health_and_ready(client: openai.OpenAI, gateway_url: str) -> Non
     health, ready = httpx.get(f"{gateway_url}/health"), httpx.get(f"{gateway_url}/ready")
     assert (health.status_code, health.text) == (200, "ok")
     assert (ready.status_code, ready.text) == (200, "ready")
+    admin = httpx.get(f"{gateway_url}/admin/capacity")
+    assert admin.status_code == 404 and admin.json()["error"]["code"] == "no_capacity_controller"
+
+
+def test_ignore_eos_generates_max_tokens(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "Say as much as you like."}]
+    for _ in range(3):
+        reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=24, temperature=1.0,  # type: ignore[arg-type]
+                                               extra_body={"ignore_eos": True})
+        assert reply.usage is not None and reply.usage.completion_tokens == 24
 
 
 def test_unknown_fields_are_ignored(client: openai.OpenAI) -> None:

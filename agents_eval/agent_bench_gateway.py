@@ -1,0 +1,175 @@
+"""The gateways `agentserve bench --workload` compares, one process each: `python -m gateway.cli serve` on a
+free loopback port with the configuration's environment, ready when `GET /ready` answers 200, stopped with
+SIGTERM (the gateway drains, then exits). Also what the benchmark reads from a running gateway: its model
+name, its /metrics counters, and its prefill/decode split (`GET /admin/capacity`, or the
+`agentserve:num_workers{role=...}` gauge where that endpoint does not exist).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agents_eval.agent_bench_metrics import parse_metrics
+
+CONFIGS = ("baseline", "disaggregated", "agent")
+LABELS = {"baseline": "single-node baseline", "disaggregated": "disaggregated (DistServe)",
+          "agent": "agent-optimized"}
+FEATURES = {  # disaggregated, capacity controller, prefix caching, pruning and masks
+    "baseline": (False, None, False, False),
+    "disaggregated": (True, False, True, False),
+    "agent": (True, True, True, True),
+}
+SESSION_CLIENT = {"baseline": False, "disaggregated": False, "agent": True}  # keeps a session (id, WebSocket)
+COMMON_ENV = {  # no keys; admission never refuses, so an overloaded config shows latency, not rejections
+    "AGENTSERVE_AUTH_ENABLED": "false", "AGENTSERVE_LIMITS__TTFT_SLO_S": "1000000000"}
+READY_TIMEOUT_S = 300.0  # disaggregated workers load the model in their own processes
+STOP_TIMEOUT_S = 60.0
+POLL_INTERVAL_S = 0.25
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def config_env(name: str) -> dict[str, str]:
+    disaggregated, capacity, caching, trajectory = FEATURES[name]
+    env = {"AGENTSERVE_DISAGGREGATED": _flag(disaggregated),
+           "AGENTSERVE_ENGINE_ENABLE_PREFIX_CACHING": _flag(caching),
+           "AGENTSERVE_TRAJECTORY_PRUNE": _flag(trajectory),
+           "AGENTSERVE_TRAJECTORY_MASKS__ENABLED": _flag(trajectory)}
+    if capacity is not None:
+        env["AGENTSERVE_CAPACITY_ENABLED"] = _flag(capacity)
+    return env
+
+
+def colocated_threads(user_env: Mapping[str, str]) -> int:
+    """The torch threads the disaggregated workers use in all (workers x threads each), for the colocated
+    engine: the same cores either way. Read from configs/deployment.yaml with the user's overrides."""
+    from engine.worker.deployment import DeploymentSettings
+
+    keys = {"prefill", "decode", "threads_per_worker"}
+    prefix = "AGENTSERVE_DEPLOYMENT_"
+    overrides: dict[str, Any] = {k.removeprefix(prefix).lower(): v for k, v in user_env.items() if k.startswith(prefix)}
+    deployment = DeploymentSettings(**{k: v for k, v in overrides.items() if k in keys})
+    return (deployment.prefill + deployment.decode) * deployment.threads_per_worker
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class GatewayProcess:
+    url: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)  # what this benchmark set, for the report
+
+    def log_tail(self, lines: int = 20) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+
+@contextlib.contextmanager
+def running_gateway(model: str, env: dict[str, str], log_path: Path) -> Iterator[GatewayProcess]:
+    """A gateway process until the block exits; its output goes to `log_path`."""
+    port = free_port()
+    command = [sys.executable, "-m", "gateway.cli", "serve", "--model", model, "--host", "127.0.0.1",
+               "--port", str(port)]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)  # its own group: its worker processes stop with it
+    gateway = GatewayProcess(f"http://127.0.0.1:{port}", process, log_path, env)
+    try:
+        _wait_until_ready(gateway)
+        yield gateway
+    finally:
+        stop(gateway)
+
+
+def _wait_until_ready(gateway: GatewayProcess) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if gateway.process.poll() is not None:
+            raise RuntimeError(f"the gateway exited with status {gateway.process.returncode} before it was "
+                               f"ready; its log ({gateway.log_path}) ends:\n{gateway.log_tail()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{gateway.url}/ready", timeout=1.0).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"the gateway at {gateway.url} was not ready within {READY_TIMEOUT_S:.0f} s; its log "
+                       f"({gateway.log_path}) ends:\n{gateway.log_tail()}")
+
+
+def stop(gateway: GatewayProcess) -> None:
+    """SIGTERM and wait for the drain; the process group is killed if it outlives `STOP_TIMEOUT_S`."""
+    process = gateway.process
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+
+
+async def model_name(http: httpx.AsyncClient) -> str:
+    response = (await http.get("/v1/models")).raise_for_status()
+    return str(response.json()["data"][0]["id"])
+
+
+async def scrape(http: httpx.AsyncClient) -> dict[str, Any]:
+    """The gateway's counters and workers per role (`parse_metrics`)."""
+    return parse_metrics((await http.get("/metrics")).raise_for_status().text)
+
+
+async def capacity(http: httpx.AsyncClient) -> dict[str, Any]:
+    """`{"split": {role: workers}, "events": [...], "source": ...}` from /admin/capacity, or from the
+    num_workers gauge (no events) on a gateway without that endpoint."""
+    response = await http.get("/admin/capacity")
+    if response.status_code == 200:
+        body = response.json()
+        split = {role: int(count) for role, count in (body.get("split") or {}).items()}
+        return {"split": split, "events": body.get("events", []), "enabled": body.get("enabled"),
+                "source": "/admin/capacity"}
+    return {"split": (await scrape(http))["workers"], "events": [], "enabled": None, "source": "/metrics"}
+
+
+@dataclass
+class RolePoller:
+    """The split every `POLL_INTERVAL_S` while the run lasts: `[(seconds from start, {role: workers}), ...]`,
+    a point only when the split changed (and the first one)."""
+
+    http: httpx.AsyncClient
+    timeline: list[tuple[float, dict[str, int]]] = field(default_factory=list)
+    errors: int = 0
+
+    async def run(self) -> None:
+        start = time.perf_counter()
+        while True:
+            try:
+                split = (await capacity(self.http))["split"]
+            except (httpx.HTTPError, ValueError, KeyError):
+                self.errors += 1
+            else:
+                if not self.timeline or self.timeline[-1][1] != split:
+                    self.timeline.append((time.perf_counter() - start, split))
+            await asyncio.sleep(POLL_INTERVAL_S)

@@ -1,0 +1,90 @@
+"""Fitting sessions into the model's context: every request's prompt plus its reply stays within max_model_len.
+
+A request is the system message, the history its turn keeps, its new messages, each wrapped in the chat
+template's markers, then the generation prompt, then the reply. The default template (trajectory.template)
+costs 13 tokens a user or assistant message and 14 a system message with the built-in tokenizer, and 8 for
+bos plus the generation prompt; we allow 16 a message for a checkpoint template's slightly longer markers.
+
+A turn that does not fit has its new content cut to fit, when at least one token of it does; otherwise it and
+every later turn of its session are dropped (an append-only history only grows, so later turns fit even less).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from agents_eval.workloads.text import cut_words
+from agents_eval.workloads.types import APPEND, SessionScript, Turn
+
+MESSAGE_OVERHEAD_TOKENS = 16
+PROMPT_OVERHEAD_TOKENS = 8
+
+
+@dataclass
+class FitCounts:
+    """What fitting removed, summed over sessions: goes into a workload's settings."""
+
+    cut_turns: int = 0  # turns whose new content was shortened
+    cut_tokens: int = 0  # tokens removed from those
+    dropped_turns: int = 0
+    dropped_sessions: int = 0  # sessions whose first turn could not fit at all
+
+    def as_settings(self) -> dict[str, int]:
+        return {"cut_turns": self.cut_turns, "cut_tokens": self.cut_tokens, "dropped_turns": self.dropped_turns,
+                "dropped_sessions": self.dropped_sessions}
+
+
+@dataclass
+class ContextFit:
+    max_model_len: int | None  # None: no limit
+    message_overhead: int = MESSAGE_OVERHEAD_TOKENS
+    prompt_overhead: int = PROMPT_OVERHEAD_TOKENS
+    counts: FitCounts = field(default_factory=FitCounts)
+
+    def fit(self, session: SessionScript) -> SessionScript | None:
+        """The session cut to fit, or None when not even its first turn does."""
+        if self.max_model_len is None:
+            return session
+        turns: list[Turn] = []
+        history = messages = previous_output = 0
+        for index, turn in enumerate(session.turns):
+            kept, kept_messages = (history, messages) if turn.history == APPEND else (previous_output, min(index, 1))
+            fixed = self._fixed_tokens(session, turn, kept, kept_messages)
+            fitted = _cut_to(turn, self.max_model_len - fixed, self.counts)
+            if fitted is None:
+                self.counts.dropped_turns += len(session.turns) - index
+                break
+            turns.append(fitted)
+            history = kept + fitted.new_tokens + fitted.max_output_tokens
+            messages = kept_messages + len(fitted.new_messages) + 1
+            previous_output = fitted.max_output_tokens
+        if not turns:
+            self.counts.dropped_sessions += 1
+            return None
+        return replace(session, turns=tuple(turns))
+
+    def fit_all(self, sessions: list[SessionScript]) -> list[SessionScript]:
+        fitted = (self.fit(session) for session in sessions)
+        return [session for session in fitted if session is not None]
+
+    def _fixed_tokens(self, session: SessionScript, turn: Turn, kept: int, kept_messages: int) -> int:
+        """Everything in the request but the new content: system, kept history, markers, the reply."""
+        message_count = bool(session.system) + kept_messages + len(turn.new_messages)
+        return (session.system_tokens + kept + message_count * self.message_overhead + self.prompt_overhead
+                + turn.max_output_tokens)
+
+
+def _cut_to(turn: Turn, room: int, counts: FitCounts) -> Turn | None:
+    """The turn with its new content cut to `room` tokens (from its last message), or None below one token."""
+    if turn.new_tokens <= room:
+        return turn
+    if room < 1:
+        return None
+    last = turn.new_messages[-1]
+    keep_in_last = len(last["content"].split()) - (turn.new_tokens - room)
+    if keep_in_last < 1:
+        return None
+    messages = (*turn.new_messages[:-1], {**last, "content": cut_words(last["content"], keep_in_last)})
+    counts.cut_turns += 1
+    counts.cut_tokens += turn.new_tokens - room
+    return replace(turn, new_messages=messages, new_tokens=room)

@@ -1,0 +1,92 @@
+"""Conditional disaggregation and KV-aware routing of one turn.
+
+The decode worker is the one with the lowest cost = `overlap_weight` x KV blocks to move + load, where the
+blocks to move are the prompt's blocks that worker does not hold (they must be prefilled and shipped to it,
+or prefilled there) and the load is `running + waiting_prefill_tokens / block_size`: requests it holds plus
+its queued prompt tokens in blocks. With the default weight 1, one block to move costs as much as one more
+request on the worker. Ties go to the lowest worker id.
+
+The turn is then prefilled on that decode worker itself (no KV transfer) when its uncached delta is small:
+below `local_prefill_max_tokens` tokens, or below `local_prefill_max_uncached_share` of the prompt (Dynamo's
+conditional disaggregation). Otherwise the least-loaded prefill worker computes the delta and streams it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from engine.capacity.settings import CapacitySettings
+from engine.capacity.signals import DECODE, PREFILL, WorkerLoad
+
+
+@dataclass(frozen=True)
+class Turn:
+    prompt_tokens: int
+    session_key: str | None = None
+    cached_tokens: Mapping[int, int] = field(default_factory=dict)  # worker id -> leading prompt tokens it holds
+
+    def uncached_on(self, worker_id: int) -> int:
+        return max(0, self.prompt_tokens - self.cached_tokens.get(worker_id, 0))
+
+
+@dataclass(frozen=True)
+class DecodeChoice:
+    worker_id: int
+    uncached_tokens: int
+    blocks_to_move: int
+    cost: float
+
+
+@dataclass(frozen=True)
+class Placement:
+    decode_worker: int
+    prefill_worker: int | None  # None: prefilled locally on the decode worker
+    local: bool
+    reason: str
+
+
+def worker_load(worker: WorkerLoad, block_size: int) -> float:
+    return worker.running + worker.waiting_prefill_tokens / block_size
+
+
+def blocks_to_move(uncached_tokens: int, block_size: int) -> int:
+    return -(-uncached_tokens // block_size)
+
+
+def choose_decode_worker(turn: Turn, workers: Sequence[WorkerLoad], settings: CapacitySettings,
+                         block_size: int) -> DecodeChoice:
+    """The cheapest of `workers` (the caller passes the decode workers) to decode this turn."""
+    if not workers:
+        raise ValueError("no worker to decode on")
+    choices = []
+    for worker in workers:
+        uncached = turn.uncached_on(worker.worker_id)
+        blocks = blocks_to_move(uncached, block_size)
+        cost = settings.overlap_weight * blocks + worker_load(worker, block_size)
+        choices.append(DecodeChoice(worker.worker_id, uncached, blocks, cost))
+    return min(choices, key=lambda choice: (choice.cost, choice.worker_id))
+
+
+def prefill_locally(uncached_tokens: int, prompt_tokens: int, settings: CapacitySettings) -> bool:
+    """Dynamo's rule: a small uncached delta, in tokens or as a share of the prompt, is not worth a transfer."""
+    if uncached_tokens < settings.local_prefill_max_tokens or prompt_tokens <= 0:
+        return True
+    return uncached_tokens / prompt_tokens < settings.local_prefill_max_uncached_share
+
+
+def place(turn: Turn, workers: Sequence[WorkerLoad], settings: CapacitySettings, block_size: int) -> Placement:
+    """Where this turn decodes and whether (and where) it is prefilled elsewhere. With no decode worker every
+    worker may decode; with no prefill worker the turn is prefilled locally."""
+    decoders = [w for w in workers if w.role == DECODE] or list(workers)
+    choice = choose_decode_worker(turn, decoders, settings, block_size)
+    share = choice.uncached_tokens / turn.prompt_tokens if turn.prompt_tokens else 0.0
+    delta = f"{choice.uncached_tokens} uncached of {turn.prompt_tokens} tokens ({share:.0%})"
+    if prefill_locally(choice.uncached_tokens, turn.prompt_tokens, settings):
+        return Placement(choice.worker_id, None, True, f"local: {delta} on worker {choice.worker_id}")
+    prefillers = [w for w in workers if w.role == PREFILL and w.worker_id != choice.worker_id]
+    if not prefillers:
+        return Placement(choice.worker_id, None, True, f"local: no prefill worker; {delta}")
+    prefiller = min(prefillers, key=lambda w: (worker_load(w, block_size), w.worker_id))
+    return Placement(choice.worker_id, prefiller.worker_id, False,
+                     f"remote: {delta}, prefill on worker {prefiller.worker_id}, decode on {choice.worker_id}")

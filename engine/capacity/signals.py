@@ -1,0 +1,68 @@
+"""What the capacity controller reads each interval. Times are seconds on the controller's clock (the caller
+injects it: `time.monotonic()` in the coordinator, simulated time in the cluster simulator)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+# The same strings as engine.worker.messages.PREFILL/DECODE (that module pulls in torch).
+PREFILL, DECODE = "prefill", "decode"
+ROLES = (PREFILL, DECODE)
+
+Shift = Literal["think", "act"]
+
+
+@dataclass(frozen=True)
+class WorkerLoad:
+    """One live worker. `running` counts every request it holds, prefilling or decoding."""
+
+    worker_id: int
+    role: str  # PREFILL or DECODE: where the coordinator routes new work
+    running: int = 0
+    waiting_prefill_tokens: int = 0  # prompt tokens queued or mid-prefill on it, not yet computed
+    decode_streams: int = 0  # requests past their prefill, decoding on it
+    last_switch_at: float | None = None  # when its role last changed; None: never
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"worker {self.worker_id}: role must be one of {ROLES}, got {self.role!r}")
+
+
+@dataclass(frozen=True)
+class LoadSnapshot:
+    """The engine's load at `now`.
+
+    `tpot_s` is the mean decode step time of the workers that decode (seconds per output token of one stream,
+    at their current batch); `prefill_tokens_per_s` one worker's measured prefill rate. Either is None until
+    measured; the policy then assumes the settings' rates. `think_share` is the phase monitor's think share
+    of the recent mix (0..1) and `shift` the direction of its latest shift event within this interval, if
+    any. The forecasts are the predictor's tokens expected within `forecast_horizon_s`.
+    """
+
+    now: float
+    workers: tuple[WorkerLoad, ...]
+    tpot_s: float | None = None
+    prefill_tokens_per_s: float | None = None
+    think_share: float | None = None
+    shift: Shift | None = None
+    forecast_prefill_tokens: float = 0.0
+    forecast_decode_tokens: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.shift not in (None, "think", "act"):
+            raise ValueError(f"shift must be 'think', 'act' or None, got {self.shift!r}")
+        ids = [w.worker_id for w in self.workers]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"worker ids must be unique, got {ids}")
+
+    @property
+    def prefill_tokens_waiting(self) -> int:
+        return sum(w.waiting_prefill_tokens for w in self.workers)
+
+    @property
+    def decode_streams(self) -> int:
+        return sum(w.decode_streams for w in self.workers)
+
+    def count(self, role: str) -> int:
+        return sum(w.role == role for w in self.workers)

@@ -1,0 +1,130 @@
+"""The capacity controller running inside the disaggregated engine: every `interval_s` (and at once on a
+phase shift or a hand-pinned split) it builds a `LoadSnapshot` from the workers' Load reports and the
+gateway's agent signals, asks the policy for a split, moves workers with `set_role`, and evaluates the
+inflection alerts. Its decisions, moves, confirmations, shifts and alerts go to the event log that
+`GET /admin/capacity` shows."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.capacity.alerts import AlertInputs, AlertMonitor
+from engine.capacity.events import EventLog, JsonValue
+from engine.capacity.policy import CapacityPolicy, Decision
+from engine.capacity.settings import CapacitySettings
+from engine.capacity.signals import LoadSnapshot, Shift, WorkerLoad
+from engine.stats import AgentSignals
+from engine.worker import messages as m
+from engine.worker.handles import WorkerHandle
+
+log = logging.getLogger(__name__)
+SetRole = Callable[[int, str], None]
+
+
+@dataclass
+class RequestTimes:
+    """EMAs over finished requests: time to first token (prefill latency) and the decode time after it."""
+
+    alpha: float = 0.2
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+    def observe(self, prefill_s: float, decode_s: float) -> None:
+        first = self.prefill_s == 0.0
+        self.prefill_s = prefill_s if first else (1 - self.alpha) * self.prefill_s + self.alpha * prefill_s
+        self.decode_s = decode_s if first else (1 - self.alpha) * self.decode_s + self.alpha * decode_s
+
+
+class CapacityLoop:
+    def __init__(self, settings: CapacitySettings, workers: list[WorkerHandle], set_role: SetRole) -> None:
+        self.settings, self.workers, self.set_role = settings, workers, set_role
+        self.policy = CapacityPolicy(settings)
+        self.alerts = AlertMonitor(settings)
+        self.events = EventLog(settings.event_log_size)
+        self.signals = AgentSignals()
+        self.times = RequestTimes()
+        self.last_tick: float | None = None
+        self.last_decision: Decision | None = None
+        self.moves = 0
+
+    def tick(self, now: float, force: bool = False) -> None:
+        if not force and self.last_tick is not None and now - self.last_tick < self.settings.interval_s:
+            return
+        shift = self._new_shift(now)
+        self.last_tick = now
+        snapshot = self.snapshot(now, shift)
+        decision = self.policy.decide(snapshot)
+        self.last_decision = decision
+        self.events.decision(now, decision)
+        for move in decision.moves:
+            self.set_role(move.worker_id, move.role)
+            self.events.move(now, move.worker_id, move.role)
+            self.moves += 1
+        self._alerts(now)
+
+    def _new_shift(self, now: float) -> Shift | None:
+        at, shift = self.signals.shift_at, self.signals.shift
+        fresh = at is not None and (self.last_tick is None or at > self.last_tick) and shift in ("think", "act")
+        return shift if fresh else None  # type: ignore[return-value]
+
+    def snapshot(self, now: float, shift: Shift | None = None) -> LoadSnapshot:
+        alive = [w for w in self.workers if w.alive]
+        loads = tuple(WorkerLoad(w.worker_id, w.role, w.stats.running, w.stats.prefill_tokens_waiting,
+                                 w.stats.decode_streams, w.switched_at or None) for w in alive)
+        tpot = _mean([w.stats.decode_step_s for w in alive if w.role == m.DECODE])
+        rate = _mean([w.stats.prefill_tokens_per_s for w in alive if w.role == m.PREFILL])
+        return LoadSnapshot(now, loads, tpot, rate, self.signals.think_share, shift,
+                            self.signals.forecast_prefill_tokens, self.signals.forecast_decode_tokens)
+
+    def _alerts(self, now: float) -> None:
+        alive = [w for w in self.workers if w.alive]
+        inputs = AlertInputs(self.times.decode_s or None, self.times.prefill_s or None,
+                             sum(w.stats.prefix_cache_queries for w in alive),
+                             sum(w.stats.prefix_cache_hits for w in alive))
+        for transition in self.alerts.evaluate(inputs, now):
+            self.events.alert(transition)
+            (log.warning if transition.firing else log.info)("capacity alert %s: %s", transition.alert,
+                                                             transition.message)
+
+    def update_signals(self, signals: AgentSignals, now: float) -> None:
+        shifted = signals.shift_at is not None and signals.shift_at != self.signals.shift_at
+        self.signals = signals
+        if shifted and signals.shift is not None and signals.shift_at is not None:
+            self.events.shift(signals.shift_at, signals.shift, signals.think_share)
+            self.tick(now, force=True)  # move ahead of the queue now, not at the next interval
+
+    def role_applied(self, now: float, worker_id: int, role: str, latency_s: float) -> None:
+        self.events.role_applied(now, worker_id, role, latency_s)
+
+    def pin(self, prefill: int, decode: int, now: float) -> None:
+        self.policy.pin(prefill, decode)
+        self.tick(now, force=True)
+
+    def unpin(self, now: float) -> None:
+        self.policy.unpin()
+        self.tick(now, force=True)
+
+    def report(self) -> dict[str, JsonValue]:
+        alive = [w for w in self.workers if w.alive]
+        pinned = self.policy.pinned
+        decision = self.last_decision
+        return {
+            "enabled": self.settings.enabled,
+            "interval_s": self.settings.interval_s,
+            "split": {role: sum(w.role == role for w in alive) for role in (m.PREFILL, m.DECODE)},
+            "workers": [{"worker_id": w.worker_id, "role": w.role, "running": w.stats.running,
+                         "decode_streams": w.stats.decode_streams,
+                         "waiting_prefill_tokens": w.stats.prefill_tokens_waiting} for w in alive],
+            "pinned": None if pinned is None else {"prefill": pinned[0], "decode": pinned[1]},
+            "last_decision": None if decision is None else decision.reason,
+            "alerts": list(self.alerts.active),
+            "moves": self.moves,
+            **self.events.to_json(),
+        }
+
+
+def _mean(values: list[float]) -> float | None:
+    measured = [v for v in values if v > 0]
+    return sum(measured) / len(measured) if measured else None

@@ -1,0 +1,89 @@
+"""The agents' load as the gateway sees it, for the engine's capacity controller: every turn feeds the
+think/act mix monitor (whose phase-shift events go to the engine at once), the next-turn forecaster and,
+opt-in, a JSONL recording of session statistics for training the predictor. Every `interval_s` (the
+capacity controller's) the mix and the forecast for the next `horizon_s` are pushed to the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from pathlib import Path
+
+from engine.async_engine import AsyncLLMEngine
+from engine.stats import AgentSignals
+from predictor.forecast import LoadForecaster
+from predictor.recording import SessionRecorder
+from predictor.records import TurnRecord
+from trajectory.phase import PhaseConfig, PhaseEstimate, PhaseShiftEvent
+from trajectory.phase_monitor import PhaseMixMonitor
+
+log = logging.getLogger(__name__)
+SHIFT_PHASE = {"to_think": "think", "to_act": "act"}
+
+
+class LoadSignals:
+    def __init__(self, engine: AsyncLLMEngine, interval_s: float, horizon_s: float,
+                 forecaster: LoadForecaster | None, recording: Path | None) -> None:
+        self.engine, self.interval_s, self.horizon_s, self.forecaster = engine, interval_s, horizon_s, forecaster
+        self.recorder = SessionRecorder(recording) if recording else None
+        self.monitor = PhaseMixMonitor(PhaseConfig.load())
+        self.monitor.subscribe(self._on_shift)
+        self.last_shift: PhaseShiftEvent | None = None
+        self.last_arrival: dict[str, float] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def turn_started(self, session_id: str, estimate: PhaseEstimate, prefill_tokens: int) -> None:
+        self.monitor.observe_turn(session_id, estimate, prefill_tokens)
+        self.monitor.decode_started(session_id)
+
+    def turn_finished(self, session_id: str, arrived: float, turn: TurnRecord) -> None:
+        """`arrived`: monotonic time the turn came in; `turn.tool_gap_s` is filled here from the session's
+        previous arrival."""
+        self.monitor.decode_finished(session_id)
+        previous = self.last_arrival.get(session_id)
+        self.last_arrival[session_id] = arrived
+        gap = 0.0 if previous is None else max(0.0, arrived - previous)
+        record = TurnRecord(turn.new_tokens, turn.prompt_tokens, turn.cached_tokens, turn.output_tokens, gap,
+                            turn.phase)
+        if self.forecaster is not None:
+            self.forecaster.observe(session_id, record, arrived)
+        if self.recorder is not None:
+            self.recorder.record(session_id, record, time.time())
+
+    def signals(self, now: float) -> AgentSignals:
+        forecast = self.forecaster.forecast(self.horizon_s, now) if self.forecaster is not None else None
+        shift = self.last_shift
+        return AgentSignals(self.monitor.mix(now).think_share, SHIFT_PHASE[shift.direction] if shift else None,
+                            shift.timestamp if shift else None, forecast.prefill_tokens if forecast else 0.0,
+                            forecast.decode_tokens if forecast else 0.0)
+
+    def _on_shift(self, event: PhaseShiftEvent) -> None:
+        self.last_shift = event
+        log.info("phase shift %s: think share %.2f -> %.2f", event.direction, event.think_share_before,
+                 event.think_share_after)
+        self._push(time.monotonic())
+
+    def _push(self, now: float) -> None:
+        signals = self.signals(now)
+        self.engine.call(lambda engine: engine.update_signals(signals))
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                self._push(time.monotonic())
+            except Exception:  # a forecast failure must not stop the pushes
+                log.exception("could not compute the load signals")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self.recorder is not None:
+            self.recorder.close()

@@ -1,0 +1,262 @@
+"""`agentserve bench --workload`: the metrics on hand-built records, the open-loop driver on hand-built
+workloads, and short end-to-end runs of real gateways on the `tiny` model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agents_eval import agent_bench_metrics as metrics
+from agents_eval.agent_bench import AgentBenchSettings, BenchResult, run_benchmark
+from agents_eval.agent_bench_client import Reply, SessionClient
+from agents_eval.agent_bench_driver import RunLimits, SessionLike, drive
+from agents_eval.agent_bench_metrics import RequestRecord, Slo
+from agents_eval.agent_bench_report import config_ratios, goal_check
+from agents_eval.agent_bench_run import RunOptions
+from agents_eval.agent_bench_workload import WorkloadOptions
+from agents_eval.workloads.types import APPEND, LAST_ACTION, SessionScript, Turn, Workload
+from gateway.cli import EXIT_BAD_INPUT, main
+
+SLO = Slo(ttft_s=1.0, tpot_s=0.2)
+PNG = b"\x89PNG"
+CONFIG_KEYS = {"throughput_rps", "p99_latency_s", "p50_latency_s", "cost_per_1k_tokens", "slo_attainment",
+               "goodput_rps", "output_tokens_per_s", "latency", "requests_sent", "errors", "kv_hit_ratio",
+               "prefix_hit_ratio", "prefill_tokens", "pruned_tokens", "masked_tokens", "workers", "split",
+               "role_timeline", "window_s"}
+PLOTS = ("throughput_vs_rate.png", "latency_cdf.png", "ttft_cdf.png", "role_timeline.png")
+
+
+def record(sent: float, ttft: float | None, e2e: float, tokens: int, error: str | None = None) -> RequestRecord:
+    return RequestRecord("s", 0, "act", sent, ttft, e2e, 100, 40, tokens, error)
+
+
+def test_percentiles_interpolate_between_ranks() -> None:
+    assert metrics.percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5
+    assert metrics.percentile([1.0, 2.0, 3.0, 4.0], 99) == pytest.approx(3.97)
+    assert metrics.percentile([7.0], 99) == 7.0
+    assert math.isnan(metrics.percentile([], 50))
+    summary = metrics.quantiles([float(v) for v in range(1, 101)])
+    assert summary["p50"] == pytest.approx(50.5) and summary["p90"] == pytest.approx(90.1)
+    assert summary["p99"] == pytest.approx(99.01) and summary["mean"] == pytest.approx(50.5)
+
+
+def test_tpot_is_the_gap_between_tokens_after_the_first() -> None:
+    assert metrics.tpot(0.1, 1.0, 10) == pytest.approx(0.1)
+    assert metrics.tpot(0.1, 1.0, 1) is None
+    assert metrics.tpot(None, 1.0, 10) is None
+
+
+def test_slo_attainment_and_goodput_count_failures_as_misses() -> None:
+    records = [
+        record(0.0, 0.5, 1.4, 10),  # TPOT 0.1: meets both
+        record(1.0, 1.5, 2.0, 10),  # TTFT over
+        record(2.0, 0.2, 4.2, 11),  # TPOT 0.4 over
+        record(3.0, None, 1.0, 0, error="HTTP 500"),
+        record(4.0, 0.3, 1.0, 1),  # one token: TTFT only
+    ]
+    assert [metrics.meets_slo(r, SLO) for r in records] == [True, False, False, False, True]
+    assert metrics.slo_attainment(records, SLO) == pytest.approx(2 / 5)
+    assert metrics.measured_window_s(records) == pytest.approx(6.2)  # 0.0 to 2.0 + 4.2
+    summary = metrics.summarize(records, SLO, workers=2, price_per_worker_hour=3.6,
+                                deltas=dict.fromkeys(metrics.COUNTERS, 0.0))
+    assert summary["requests_sent"] == 5 and summary["requests_ok"] == 4 and summary["errors"] == 1
+    assert summary["throughput_rps"] == pytest.approx(4 / 6.2)
+    assert summary["goodput_rps"] == pytest.approx(2 / 6.2)
+    assert summary["output_tokens_per_s"] == pytest.approx(32 / 6.2)
+    assert summary["p99_latency_s"] == pytest.approx(metrics.percentile([1.4, 2.0, 4.2, 1.0], 99))
+    # $3.6/h x 2 workers x 6.2 s = $0.0124 over 4 x 100 prompt + 32 output tokens
+    assert summary["cost_per_1k_tokens"] == pytest.approx(0.0124 / 432 * 1000)
+
+
+def test_cost_per_1k_tokens_exact() -> None:
+    assert metrics.cost_per_1k_tokens(2.0, 2, 90.0, 1000) == pytest.approx(0.1)
+    assert metrics.cost_per_1k_tokens(2.0, 1, 3600.0, 2000) == pytest.approx(1.0)
+    assert math.isnan(metrics.cost_per_1k_tokens(2.0, 1, 10.0, 0))
+
+
+EXPOSITION = """\
+# TYPE agentserve:prompt_tokens_total counter
+agentserve:prompt_tokens_total 1000.0
+# TYPE agentserve:cached_tokens_total counter
+agentserve:cached_tokens_total 600.0
+# TYPE agentserve:prefix_cache_queries_total counter
+agentserve:prefix_cache_queries_total 800.0
+# TYPE agentserve:prefix_cache_hits_total counter
+agentserve:prefix_cache_hits_total 200.0
+# TYPE agentserve:pruned_tokens_total counter
+agentserve:pruned_tokens_total 30.0
+# TYPE agentserve:num_workers gauge
+agentserve:num_workers{role="prefill"} 1.0
+agentserve:num_workers{role="decode"} 3.0
+agentserve:num_workers{role="colocated"} 0.0
+"""
+
+
+def test_metrics_deltas_give_hit_ratios_and_prefilled_tokens() -> None:
+    after = metrics.parse_metrics(EXPOSITION)
+    assert after["workers"] == {"prefill": 1, "decode": 3}
+    before = dict.fromkeys(metrics.COUNTERS, 0.0) | {"prompt_tokens": 200.0, "cached_tokens": 100.0}
+    figures = metrics.cache_figures(metrics.counter_deltas(before, after["counters"]))
+    assert figures == {"prefix_hit_ratio": 0.25, "kv_hit_ratio": 500 / 800, "prefill_tokens": 300.0,
+                       "pruned_tokens": 30.0, "masked_tokens": 0.0}
+
+
+def test_ratios_are_quotients_and_goal_shortfalls_are_factors() -> None:
+    figures = {"throughput_rps": 2.0, "goodput_rps": 1.0, "p99_latency_s": 4.0, "cost_per_1k_tokens": 0.5}
+    agent = {"throughput_rps": 5.0, "goodput_rps": 5.0, "p99_latency_s": 1.0, "cost_per_1k_tokens": 0.1}
+    ratios = config_ratios({"baseline": figures, "agent": agent})
+    assert ratios == {"agent/baseline": {"throughput": 2.5, "goodput": 5.0, "p99_latency": 0.25,
+                                         "cost": pytest.approx(0.2)}}
+    checks = {c["figure"]: c for c in goal_check(ratios)}
+    assert not checks["throughput"]["met"] and checks["throughput"]["shortfall"] == pytest.approx(4.2 / 2.5)
+    assert not checks["p99_latency"]["met"] and checks["p99_latency"]["shortfall"] == pytest.approx(0.25 / 0.22)
+
+
+@dataclass
+class EchoClient:
+    """Stands in for the gateway in driver tests: replies at once, or fails on the turns it is told to."""
+
+    fail_turns: tuple[int, ...] = ()
+    sent: int = 0
+
+    async def send(self, turn: Any) -> Reply:
+        self.sent += 1
+        await asyncio.sleep(0)
+        if self.sent - 1 in self.fail_turns:
+            raise RuntimeError("gateway said no")
+        return Reply("ok", 0.001, 0.002, 10, 0, turn.max_output_tokens)
+
+
+def script(session_id: str, start_s: float, turns: int, gap_s: float = 0.0, history: str = APPEND) -> SessionScript:
+    steps = tuple(Turn(start_s if i == 0 else None, gap_s if i else 0.0, ({"role": "user", "content": f"t{i}"},), 2,
+                       3, "act", history) for i in range(turns))
+    return SessionScript(session_id, start_s, "sys", steps)
+
+
+def run_driver(sessions: tuple[SessionScript, ...], limits: RunLimits, fail_turns: tuple[int, ...] = ()) -> Any:
+    @asynccontextmanager
+    async def open_session(_: SessionLike) -> AsyncIterator[SessionClient]:
+        yield EchoClient(fail_turns)
+
+    return asyncio.run(drive(Workload("hand-built", sessions, {}), open_session, limits, lambda r: None))
+
+
+def test_driver_sends_every_turn_and_stops_at_max_requests() -> None:
+    sessions = (script("a", 0.0, 3), script("b", 0.01, 2))
+    result = run_driver(sessions, RunLimits(duration_s=5.0))
+    assert sorted((r.session_id, r.turn) for r in result.records) == [("a", 0), ("a", 1), ("a", 2), ("b", 0),
+                                                                        ("b", 1)]
+    assert all(r.ok and r.output_tokens == 3 for r in result.records)
+    assert len(run_driver(sessions, RunLimits(duration_s=5.0, max_requests=3)).records) == 3
+
+
+def test_driver_sends_nothing_due_after_the_duration() -> None:
+    sessions = (script("early", 0.0, 5, gap_s=0.05), script("late", 30.0, 2))
+    result = run_driver(sessions, RunLimits(duration_s=0.12, drain_timeout_s=1.0))
+    assert {r.session_id for r in result.records} == {"early"}
+    assert 1 <= len(result.records) < 5
+
+
+def test_driver_counts_a_failed_request_and_ends_its_session() -> None:
+    result = run_driver((script("a", 0.0, 4, history=LAST_ACTION),), RunLimits(duration_s=5.0), fail_turns=(1,))
+    assert [(r.turn, r.ok) for r in result.records] == [(0, True), (1, False)]
+    assert result.records[1].error == "RuntimeError: gateway said no"
+    assert metrics.summarize(result.records, SLO, 1, 1.0, dict.fromkeys(metrics.COUNTERS, 0.0))["errors"] == 1
+
+
+def test_bench_without_kind_or_workload_is_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench"])
+    assert exit_info.value.code == EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--workload" in err
+
+
+def test_bench_workload_needs_an_out_folder(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--workload", "swe"])
+    assert exit_info.value.code == EXIT_BAD_INPUT and "--out" in capsys.readouterr().err
+
+
+END_TO_END = AgentBenchSettings(
+    WorkloadOptions("swe", seed=1, rate=1.0, duration_s=20.0, max_requests=10),
+    run=RunOptions("tiny", "ws", RunLimits(duration_s=20.0, max_requests=10, request_timeout_s=60.0,
+                                           drain_timeout_s=30.0), warm_up_turns=2),
+    slo=Slo(ttft_s=5.0, tpot_s=1.0))
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory: pytest.TempPathFactory) -> BenchResult:
+    return run_benchmark(END_TO_END, tmp_path_factory.mktemp("agent-bench"))
+
+
+@pytest.mark.slow
+def test_every_configuration_has_sane_figures(bench: BenchResult) -> None:
+    report = json.loads(bench.files.json.read_text())
+    assert set(report["configs"]) == {"baseline", "disaggregated", "agent"}
+    for name, config in report["configs"].items():
+        assert config.keys() >= CONFIG_KEYS, name
+        assert config["errors"] == 0 and config["session_errors"] == [], name
+        assert config["requests_sent"] == config["requests_ok"] == 10, name
+        assert config["throughput_rps"] > 0 and config["output_tokens_per_s"] > 0, name
+        assert 0 <= config["slo_attainment"] <= 1 and config["cost_per_1k_tokens"] > 0, name
+        for figure in ("ttft", "tpot", "e2e"):
+            quantiles = config["latency"][figure]
+            assert 0 < quantiles["p50"] <= quantiles["p90"] <= quantiles["p99"], (name, figure)
+    assert report["settings"]["colocated_threads"] >= 1 and "machine" in report
+
+
+@pytest.mark.slow
+def test_the_gateway_counted_what_the_client_sent(bench: BenchResult) -> None:
+    """Every request the client recorded reached the gateway once, and each reply had exactly the
+    `max_output_tokens` its turn asked for (ignore_eos)."""
+    for point in bench.points:
+        records = point.result.records
+        assert point.result.deltas["prompt_tokens"] == sum(r.prompt_tokens for r in records), point.config
+        assert point.result.deltas["generation_tokens"] == sum(r.output_tokens for r in records), point.config
+    asked = {p.config: sorted(r.output_tokens for r in p.result.records) for p in bench.points}
+    assert asked["baseline"] == asked["disaggregated"] == asked["agent"]
+
+
+@pytest.mark.slow
+def test_ratios_are_the_configs_quotients(bench: BenchResult) -> None:
+    report = json.loads(bench.files.json.read_text())
+    configs, ratios = report["configs"], report["ratios"]
+    for name in ("agent", "disaggregated"):
+        quotient = ratios[f"{name}/baseline"]
+        for short, key in (("throughput", "throughput_rps"), ("p99_latency", "p99_latency_s"),
+                           ("cost", "cost_per_1k_tokens")):
+            assert quotient[short] == pytest.approx(configs[name][key] / configs["baseline"][key]), (name, short)
+    assert {(c["config"], c["figure"]) for c in report["goal"]} == {
+        ("agent", "throughput"), ("agent", "p99_latency"), ("disaggregated", "throughput")}
+
+
+@pytest.mark.slow
+def test_markdown_table_and_plots(bench: BenchResult) -> None:
+    markdown = bench.files.markdown.read_text()
+    assert "| configuration | throughput (req/s) | p99 latency | cost ($/1k tokens) |" in markdown
+    for label in ("single-node baseline", "disaggregated (DistServe)", "agent-optimized", "agent/baseline",
+                  "## Goal check"):
+        assert label in markdown
+    for plot in PLOTS:
+        assert (bench.files.json.parent / plot).read_bytes().startswith(PNG), plot
+
+
+@pytest.mark.slow
+def test_webarena_through_chat_sessions_from_the_cli(tmp_path: Path) -> None:
+    main(["bench", "--workload", "webarena", "--configs", "agent", "--client", "http", "--duration", "15",
+          "--rate", "1", "--max-requests", "6", "--warm-up-turns", "1", "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "report.json").read_text())
+    agent = report["configs"]["agent"]
+    assert report["workload"]["name"] == "webarena" and report["settings"]["client"] == "http"
+    assert agent["requests_sent"] == agent["requests_ok"] == 6 and agent["errors"] == 0
+    assert agent["prefix_hit_ratio"] > 0  # every session shares the instruction prefix
+    assert report["ratios"] == {} and "no baseline" in (tmp_path / "report.md").read_text()

@@ -1,0 +1,161 @@
+"""The split on scripted loads. Default rates: one worker prefills 5000 queued tokens within prefill_drain_s
+(10000 tokens/s x 0.5 s) and decodes 10 streams at target_tpot_s (0.005 worker s per token / 0.05 s)."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from engine.capacity.policy import CapacityPolicy, Decision, Move, demand
+from engine.capacity.settings import CapacitySettings
+from engine.capacity.signals import DECODE, PREFILL, LoadSnapshot, WorkerLoad
+
+P, D = PREFILL, DECODE
+
+
+def snapshot(roles: str, now: float = 10.0, waiting: int = 0, streams: int = 0,
+             switched: dict[int, float] | None = None, running: tuple[int, ...] | None = None,
+             **fields: object) -> LoadSnapshot:
+    """Workers from a role string ("PPD": 0 and 1 prefill, 2 decode); the queue on the prefill workers, the
+    streams on the decode workers (evenly, the remainder on the lowest ids)."""
+    prefill = [i for i, r in enumerate(roles) if r == "P"]
+    decode = [i for i, r in enumerate(roles) if r == "D"]
+    workers = []
+    for i, role in enumerate(roles):
+        queue = waiting // len(prefill) if i in prefill else 0
+        mine = (streams // len(decode) + (decode.index(i) < streams % len(decode))) if i in decode else 0
+        load = running[i] if running else int(queue > 0) + mine
+        workers.append(WorkerLoad(i, P if role == "P" else D, load, queue, mine, (switched or {}).get(i)))
+    return LoadSnapshot(now, tuple(workers), **fields)  # type: ignore[arg-type]
+
+
+def apply(snap: LoadSnapshot, decision: Decision) -> LoadSnapshot:
+    moved = dict(decision.moves)
+    workers = tuple(replace(w, role=moved[w.worker_id], last_switch_at=snap.now) if w.worker_id in moved else w
+                    for w in snap.workers)
+    return replace(snap, workers=workers)
+
+
+@pytest.fixture
+def policy() -> CapacityPolicy:
+    return CapacityPolicy(CapacitySettings())
+
+
+def test_the_split_moves_toward_the_load(policy: CapacityPolicy) -> None:
+    decision = policy.decide(snapshot("PPDD", waiting=15000, streams=10, running=(3, 3, 5, 3)))
+    assert (decision.prefill, decision.decode) == (3, 1)
+    assert decision.moves == (Move(3, P),)  # the least-loaded decode worker
+    assert decision.demand.prefill == pytest.approx(3.0) and decision.demand.decode == pytest.approx(1.0)
+    decision = policy.decide(snapshot("PPDD", waiting=5000, streams=30))
+    assert (decision.prefill, decision.moves) == (1, (Move(0, D),))
+
+
+def test_forecasts_count_like_queued_work(policy: CapacityPolicy) -> None:
+    decision = policy.decide(snapshot("PPDD", forecast_prefill_tokens=30000.0, forecast_decode_tokens=200.0))
+    assert decision.demand.prefill == pytest.approx(3.0) and decision.demand.decode == pytest.approx(1.0)
+    assert decision.moves == (Move(2, P),)
+
+
+def test_measured_speeds_replace_the_assumed_ones(policy: CapacityPolicy) -> None:
+    slow_decode = snapshot("PD", streams=10, tpot_s=0.1)  # one worker, 10 streams, twice the target TPOT
+    assert demand(slow_decode, policy.settings).decode == pytest.approx(2.0)
+    fast_prefill = snapshot("PD", waiting=20000, prefill_tokens_per_s=40000.0)
+    assert demand(fast_prefill, policy.settings).prefill == pytest.approx(1.0)
+
+
+def test_a_deadband_keeps_small_imbalances_still(policy: CapacityPolicy) -> None:
+    near = policy.decide(snapshot("PPDD", waiting=13000, streams=14))  # ideal 2.6 prefill workers
+    assert near.moves == () and (near.prefill, near.decode) == (2, 2)
+    far = policy.decide(snapshot("PPDD", waiting=14000, streams=12))  # ideal 2.8
+    assert far.moves == (Move(2, P),)
+
+
+def test_hysteresis_holds_within_hold_s_and_moves_after(policy: CapacityPolicy) -> None:
+    think = snapshot("PDD", now=0.0, waiting=20000, streams=5)  # 3 streams on worker 1, 2 on worker 2
+    decision = policy.decide(think)
+    assert decision.moves == (Move(2, P),)
+    assert [w.last_switch_at for w in apply(think, decision).workers] == [None, None, 0.0]
+    for now in (0.1, 1.0, 1.99):
+        held = policy.decide(snapshot("PDP", now=now, streams=40, switched={2: 0.0}))
+        assert held.moves == () and held.prefill == 1 and "held" in held.reason
+    after = policy.decide(snapshot("PDP", now=2.0, streams=40, switched={2: 0.0}, running=(2, 40, 0)))
+    assert after.moves == (Move(2, D),)  # the least loaded prefill worker
+
+
+def test_each_busy_role_keeps_a_worker(policy: CapacityPolicy) -> None:
+    flood = policy.decide(snapshot("PDD", waiting=10**7, streams=1))
+    assert (flood.prefill, flood.decode) == (2, 1)
+    assert policy.decide(snapshot("PPD", streams=10**4, waiting=1)).prefill == 1
+    only_decode = policy.decide(snapshot("PPPD", streams=50))
+    assert (only_decode.prefill, only_decode.decode) == (1, 3)
+
+
+def test_no_load_keeps_the_split(policy: CapacityPolicy) -> None:
+    decision = policy.decide(snapshot("PPPD"))
+    assert decision.moves == () and (decision.prefill, decision.decode) == (3, 1) and "no load" in decision.reason
+
+
+def test_a_shift_event_moves_ahead_of_the_queue(policy: CapacityPolicy) -> None:
+    assert policy.decide(snapshot("PPDD", waiting=10000, streams=20)).moves == ()  # balanced
+    to_think = policy.decide(snapshot("PPDD", waiting=10000, streams=20, shift="think"))
+    assert to_think.moves == (Move(2, P),) and "shift to think" in to_think.reason
+    assert policy.decide(snapshot("PPDD", waiting=10000, streams=20, shift="act")).moves == (Move(0, D),)
+    by_share = policy.decide(snapshot("PDDDD", shift="think", think_share=0.8))
+    assert by_share.prefill == 4  # round(5 x 0.8), ahead of an empty queue
+    assert policy.decide(snapshot("PPDD", shift="act", think_share=0.0)).prefill == 1  # the floor still holds
+
+
+def test_a_pinned_split_overrides_load_floor_and_hold(policy: CapacityPolicy) -> None:
+    policy.pin(0, 3)
+    decision = policy.decide(snapshot("PPD", waiting=10**6, switched={0: 9.9, 1: 9.9}))
+    assert (decision.prefill, decision.decode) == (0, 3) and set(decision.moves) == {Move(0, D), Move(1, D)}
+    assert decision.reason.startswith("pinned")
+    policy.pin(1, 3)
+    assert policy.decide(snapshot("DD")).moves == (Move(0, P),)  # 1 of 4 scaled to 2 workers, rounded up
+    policy.unpin()
+    assert policy.decide(snapshot("PPD", waiting=10**6, streams=1)).moves == ()
+    with pytest.raises(ValueError, match="pinned split"):
+        policy.pin(-1, 2)
+    assert CapacityPolicy(CapacitySettings(pinned_split=(2, 1))).decide(snapshot("PDD")).prefill == 2
+
+
+def test_disabled_controller_moves_nothing() -> None:
+    policy = CapacityPolicy(CapacitySettings(enabled=False))
+    assert policy.decide(snapshot("PDDD", waiting=10**6)).moves == ()
+
+
+def test_decisions_are_deterministic(policy: CapacityPolicy) -> None:
+    tied = snapshot("PPDDD", waiting=40000, streams=0, running=(1, 1, 0, 0, 0))
+    first, second = policy.decide(tied), policy.decide(tied)
+    assert first == second and first.moves == (Move(2, P), Move(3, P))
+
+
+def test_a_scripted_think_act_swing(policy: CapacityPolicy) -> None:
+    """Think-heavy for 3 s, then act-heavy: the split follows each phase and no worker flaps."""
+    snap = snapshot("PPDDDD", now=0.0)
+    switches: dict[int, list[float]] = {}
+    for tick in range(80):
+        now = tick * 0.1
+        waiting, streams = (40000, 5) if now < 3.0 else (2000, 45)
+        current = snapshot("".join("P" if w.role == P else "D" for w in snap.workers), now=now, waiting=waiting,
+                           streams=streams, switched={w.worker_id: w.last_switch_at for w in snap.workers
+                                                      if w.last_switch_at is not None})
+        decision = policy.decide(current)
+        for move in decision.moves:
+            switches.setdefault(move.worker_id, []).append(now)
+        snap = apply(current, decision)
+        if tick == 29:
+            assert snap.count(P) == 5
+    assert snap.count(P) == 1
+    for times in switches.values():
+        assert all(later - earlier >= 2.0 for earlier, later in itertools.pairwise(times))
+
+
+def test_policy_modules_import_no_torch() -> None:
+    code = ("import sys; import engine.capacity.policy, engine.capacity.routing, engine.capacity.alerts, "
+            "engine.capacity.events; assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import pytest
+
+from engine.capacity.routing import Turn, choose_decode_worker, place, prefill_locally, worker_load
+from engine.capacity.settings import CapacitySettings
+from engine.capacity.signals import DECODE, PREFILL, WorkerLoad
+
+BLOCK = 16
+SETTINGS = CapacitySettings()
+
+
+def decoder(worker_id: int, running: int = 0, waiting: int = 0) -> WorkerLoad:
+    return WorkerLoad(worker_id, DECODE, running=running, waiting_prefill_tokens=waiting, decode_streams=running)
+
+
+def prefiller(worker_id: int, running: int = 0, waiting: int = 0) -> WorkerLoad:
+    return WorkerLoad(worker_id, PREFILL, running=running, waiting_prefill_tokens=waiting)
+
+
+SESSION_TURN = Turn(1024, "session-a", {1: 960})  # worker 1 holds all but 4 blocks; others would move 64
+
+
+@pytest.mark.parametrize("holder_load, chosen", [(0, 1), (10, 1), (59, 1), (61, 2), (100, 2)])
+def test_a_loaded_kv_holder_loses_only_when_the_load_outweighs_the_blocks(holder_load: int, chosen: int) -> None:
+    choice = choose_decode_worker(SESSION_TURN, [decoder(1, holder_load), decoder(2)], SETTINGS, BLOCK)
+    assert choice.worker_id == chosen
+    assert choice.blocks_to_move == (4 if chosen == 1 else 64)
+    assert choice.cost == (4 + holder_load if chosen == 1 else 64)
+
+
+def test_equal_costs_go_to_the_lowest_id_and_queued_tokens_count_as_load() -> None:
+    assert choose_decode_worker(SESSION_TURN, [decoder(2), decoder(1, 60)], SETTINGS, BLOCK).worker_id == 1
+    queued = decoder(1, 50, waiting=320)  # 50 requests + 20 blocks of queued prompt
+    assert worker_load(queued, BLOCK) == 70
+    assert choose_decode_worker(SESSION_TURN, [queued, decoder(2)], SETTINGS, BLOCK).worker_id == 2
+
+
+def test_overlap_weight_scales_the_blocks() -> None:
+    load_only = CapacitySettings(overlap_weight=0.0)
+    assert choose_decode_worker(SESSION_TURN, [decoder(1, 1), decoder(2)], load_only, BLOCK).worker_id == 2
+    heavy = CapacitySettings(overlap_weight=2.0)
+    assert choose_decode_worker(SESSION_TURN, [decoder(1, 100), decoder(2)], heavy, BLOCK).worker_id == 1
+
+
+@pytest.mark.parametrize("uncached, prompt, local", [
+    (255, 300, True),     # under local_prefill_max_tokens
+    (256, 300, False),    # at it, and most of the prompt
+    (256, 4096, True),    # 6% of the prompt is uncached
+    (300, 3000, False),   # exactly 10%: not below the share
+    (299, 3000, True),
+    (0, 0, True),
+])
+def test_prefill_locally_follows_dynamos_rule(uncached: int, prompt: int, local: bool) -> None:
+    assert prefill_locally(uncached, prompt, SETTINGS) is local
+
+
+def test_place_a_small_delta_on_the_decode_worker() -> None:
+    workers = [prefiller(0), decoder(1, 3), decoder(2)]
+    placement = place(SESSION_TURN, workers, SETTINGS, BLOCK)
+    assert (placement.decode_worker, placement.prefill_worker, placement.local) == (1, None, True)
+    assert placement.reason.startswith("local: 64 uncached of 1024 tokens")
+
+
+def test_place_a_large_delta_on_the_least_loaded_prefill_worker() -> None:
+    workers = [prefiller(0, 2), prefiller(3, 1, waiting=64), prefiller(4, 1), decoder(1, 3), decoder(2)]
+    placement = place(Turn(2048), workers, SETTINGS, BLOCK)
+    assert (placement.decode_worker, placement.prefill_worker, placement.local) == (2, 4, False)
+    assert placement.reason.startswith("remote: 2048 uncached")
+
+
+def test_place_without_a_prefill_or_a_decode_worker() -> None:
+    assert place(Turn(2048), [decoder(1), decoder(2)], SETTINGS, BLOCK).local
+    only_prefill = place(Turn(2048, None, {5: 2048}), [prefiller(4), prefiller(5, 2)], SETTINGS, BLOCK)
+    assert (only_prefill.decode_worker, only_prefill.local) == (5, True)
+    with pytest.raises(ValueError, match="no worker"):
+        place(Turn(10), [], SETTINGS, BLOCK)

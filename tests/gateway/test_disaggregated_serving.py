@@ -1,0 +1,91 @@
+"""`agentserve serve` with the disaggregated engine (the config says so): the same API through real clients,
+sessions routed to the decode worker that holds their KV, per-role worker gauges, and a clean SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.gateway.conftest import GatewayProcess
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def disaggregated(gateway_process: GatewayProcess) -> tuple[subprocess.Popen[bytes], str]:
+    return gateway_process(AGENTSERVE_DISAGGREGATED="true", AGENTSERVE_DEFAULT_MAX_TOKENS="8",
+                           AGENTSERVE_DEPLOYMENT_KV_TIMEOUT_S="5")
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        for sample in family.samples:
+            if sample.name == f"agentserve:{name}" and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    raise AssertionError(f"no sample {name} {labels}")
+
+
+def test_chat_and_streaming_through_the_openai_sdk(disaggregated: tuple[subprocess.Popen[bytes], str]) -> None:
+    _, url = disaggregated
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": "List the files in the repository. " * 30}]
+    whole = client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0,
+                                           extra_body={"ignore_eos": True})  # type: ignore[arg-type]
+    assert whole.usage is not None and whole.usage.completion_tokens == 12
+    chunks = client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0,  # type: ignore[arg-type]
+                                            stream=True, extra_body={"ignore_eos": True})
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == whole.choices[0].message.content
+    assert metric(url, "num_workers", role="prefill") == 1
+    assert metric(url, "num_workers", role="decode") == 1
+
+
+def test_a_websocket_session_reuses_its_kv_on_the_decode_worker(
+        disaggregated: tuple[subprocess.Popen[bytes], str]) -> None:
+    _, url = disaggregated
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    previous, usages = None, []
+    with client.responses.connect() as connection:
+        for turn in range(4):
+            observation = f"Observation {turn}: " + "the build log says all tests passed. " * 20
+            connection.response.create(model="tiny", input=[{"role": "user", "content": observation}],
+                                       previous_response_id=previous, max_output_tokens=6, temperature=0)
+            for event in connection:
+                if event.type in ("response.completed", "response.incomplete"):
+                    previous, usage = event.response.id, event.response.usage
+                    break
+                assert event.type != "response.failed" and event.type != "error", event
+            assert usage is not None
+            usages.append(usage)
+    for before, after in zip(usages, usages[1:], strict=False):  # small deltas: prefilled where the KV is
+        assert after.input_tokens_details.cached_tokens >= before.input_tokens + before.output_tokens - 16
+
+
+def test_admin_capacity_shows_and_pins_the_split(disaggregated: tuple[subprocess.Popen[bytes], str]) -> None:
+    _, url = disaggregated
+    report = httpx.get(f"{url}/admin/capacity").json()
+    assert report["split"] == {"prefill": 1, "decode": 1} and report["pinned"] is None
+    assert sorted(w["role"] for w in report["workers"]) == ["decode", "prefill"]
+    pinned = httpx.post(f"{url}/admin/capacity", json={"prefill": 0, "decode": 2}).json()
+    assert pinned["split"] == {"prefill": 0, "decode": 2} and pinned["pinned"] == {"prefill": 0, "decode": 2}
+    assert [e["role"] for e in pinned["events"] if e["kind"] == "move"] == ["decode"]
+    assert metric(url, "num_workers", role="decode") == 2
+    released = httpx.post(f"{url}/admin/capacity", json={"unpin": True}).json()
+    assert released["pinned"] is None
+    for bad in ({"prefill": 1}, {"prefill": 1, "decode": 1, "unpin": True}, {"prefill": -1, "decode": 2},
+                {"prefill": 0, "decode": 0}, {"workers": 3}):
+        response = httpx.post(f"{url}/admin/capacity", json=bad)
+        assert response.status_code == 400, bad
+        assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_sigterm_stops_the_gateway_and_its_workers(disaggregated: tuple[subprocess.Popen[bytes], str]) -> None:
+    process, url = disaggregated
+    assert httpx.get(f"{url}/ready").status_code == 200
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 0
