@@ -49,8 +49,8 @@ class LoadSignals:
                             turn.phase)
         if self.forecaster is not None:
             self.forecaster.observe(session_id, record, arrived)
-        if self.recorder is not None:
-            self.recorder.record(session_id, record, time.time())
+        if self.recorder is not None:  # the arrival on the wall clock, as recordings keep it
+            self.recorder.record(session_id, record, time.time() - (time.monotonic() - arrived))
 
     def signals(self, now: float) -> AgentSignals:
         forecast = self.forecaster.forecast(self.horizon_s, now) if self.forecaster is not None else None

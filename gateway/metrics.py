@@ -57,6 +57,7 @@ class Counters:
     turns: Counter
     rejected: Counter
     aborted: Counter
+    role_moves: Counter
 
 
 @dataclass
@@ -67,6 +68,7 @@ class Gauges:
     workers: Gauge
     kv_usage: Gauge
     kv_blocks_free: Gauge
+    capacity_alerts: Gauge
 
 
 def _histograms(registry: CollectorRegistry) -> Histograms:
@@ -100,7 +102,8 @@ def _counters(registry: CollectorRegistry) -> Counters:
         requests=counter("requests_total", "Finished requests.", ("endpoint", "finish_reason")),
         turns=counter("turns_total", "Agent turns by phase.", ("phase",)),
         rejected=counter("rejected_requests_total", "Requests refused before reaching the engine.", ("reason",)),
-        aborted=counter("aborted_requests_total", "Requests aborted before they finished."))
+        aborted=counter("aborted_requests_total", "Requests aborted before they finished."),
+        role_moves=counter("capacity_role_moves_total", "Workers the capacity controller moved between roles."))
 
 
 def _gauges(registry: CollectorRegistry) -> Gauges:
@@ -113,7 +116,8 @@ def _gauges(registry: CollectorRegistry) -> Gauges:
         sessions=gauge("num_sessions", "Agent sessions held by the gateway."),
         workers=gauge("num_workers", "Engine workers by role.", ("role",)),
         kv_usage=gauge("kv_cache_usage_perc", "KV cache usage as a fraction: 0 is empty, 1 is full."),
-        kv_blocks_free=gauge("kv_blocks_free", "Free KV cache blocks."))
+        kv_blocks_free=gauge("kv_blocks_free", "Free KV cache blocks."),
+        capacity_alerts=gauge("capacity_alert", "1 while a capacity inflection alert fires.", ("alert",)))
 
 
 @dataclass
@@ -149,6 +153,7 @@ class Metrics:
         self.gauges = _gauges(self.registry)
         self._queries = CumulativeBaseline()
         self._hits = CumulativeBaseline()
+        self._moves = CumulativeBaseline()
 
     def request_started(self, endpoint: str, now: float | None = None) -> RequestTrace:
         return RequestTrace(endpoint, _now(now))
@@ -214,6 +219,9 @@ class Metrics:
         self.gauges.kv_blocks_free.set(stats.kv_blocks_free)
         for role, count in stats.workers.items():
             self.set_workers(role, count)
+        for alert, firing in stats.alerts.items():
+            self.gauges.capacity_alerts.labels(alert).set(firing)
+        self.counters.role_moves.inc(self._moves.delta(source, stats.role_moves))
         self.counters.prefix_cache_queries.inc(self._queries.delta(source, stats.prefix_cache_queries))
         self.counters.prefix_cache_hits.inc(self._hits.delta(source, stats.prefix_cache_hits))
 

@@ -124,10 +124,12 @@ def test_aborts_rejections_turns_sessions_workers() -> None:
 def test_sync_engine_sets_gauges_and_turns_totals_into_increments() -> None:
     metrics = Metrics()
     metrics.sync_engine(EngineStats(running=4, waiting=2, kv_usage=0.375, kv_blocks_free=80,
-                                    prefix_cache_queries=100, prefix_cache_hits=60, workers={"colocated": 1}))
+                                    prefix_cache_queries=100, prefix_cache_hits=60, workers={"prefill": 2, "decode": 2},
+                                    alerts={"kv_hit_ratio": 1, "retransmits": 0}, role_moves=3))
     for _ in range(2):
         metrics.sync_engine(EngineStats(running=1, waiting=0, kv_usage=0.5, kv_blocks_free=64,
-                                        prefix_cache_queries=150, prefix_cache_hits=90, workers={"colocated": 1}))
+                                        prefix_cache_queries=150, prefix_cache_hits=90,
+                                        workers={"prefill": 1, "decode": 3}, alerts={"kv_hit_ratio": 0}, role_moves=4))
     _, samples = scrape(metrics)
     assert value(samples, "num_requests_running") == 1
     assert value(samples, "num_requests_waiting") == 0
@@ -135,7 +137,11 @@ def test_sync_engine_sets_gauges_and_turns_totals_into_increments() -> None:
     assert value(samples, "kv_blocks_free") == 64
     assert value(samples, "prefix_cache_queries_total") == 150
     assert value(samples, "prefix_cache_hits_total") == 90
-    assert value(samples, "num_workers", role="colocated") == 1
+    assert value(samples, "num_workers", role="prefill") == 1
+    assert value(samples, "num_workers", role="decode") == 3
+    assert value(samples, "capacity_alert", alert="kv_hit_ratio") == 0
+    assert value(samples, "capacity_alert", alert="retransmits") == 0
+    assert value(samples, "capacity_role_moves_total") == 4
 
 
 def test_sync_engine_survives_an_engine_restart_and_several_sources() -> None:
