@@ -1,0 +1,41 @@
+"""What the gateway tells the capacity controller and records for the predictor: a session's turns through
+real HTTP feed the think/act monitor and, opt-in, land in a JSONL recording the predictor reads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+
+from engine.config import EngineSettings
+from engine.llm_engine import LLMEngine
+from gateway.app import create_app
+from gateway.settings import GatewaySettings
+from predictor.recording import read_recording
+from tests.conftest import free_port
+from tests.gateway.conftest import serving
+
+
+def test_session_turns_are_recorded_and_observed(tmp_path: Path) -> None:
+    recording = tmp_path / "sessions.jsonl"
+    settings = GatewaySettings(model="tiny", port=free_port(), default_max_tokens=4, record_sessions=str(recording))
+    app = create_app(settings, LLMEngine("tiny", EngineSettings(num_kv_blocks=512)))
+    history = [{"role": "system", "content": "You fix bugs."}]
+    with serving(app, settings.port) as url:
+        for turn in range(3):
+            history.append({"role": "user", "content": f"Observation {turn}: " + "tests failed. " * (5 + 20 * turn)})
+            body = {"model": "tiny", "messages": history, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+            reply = httpx.post(f"{url}/v1/chat/completions", json=body, headers={"X-Session-Id": "agent-7"},
+                               timeout=60).raise_for_status().json()
+            history.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"]})
+        httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "no session", "max_tokens": 2})
+        mix = app.state.gateway.signals.monitor.mix()
+    lines = [json.loads(line) for line in recording.read_text().splitlines()]
+    assert [line["session_id"] for line in lines] == ["agent-7"] * 3  # raw completions are no agent turn
+    assert [line["output_tokens"] for line in lines] == [4, 4, 4]
+    assert all(line["new_tokens"] == line["prompt_tokens"] - line["cached_tokens"] for line in lines)
+    assert lines[0]["tool_gap_s"] == 0 and all(line["tool_gap_s"] > 0 for line in lines[1:])
+    assert lines[2]["cached_tokens"] > lines[1]["prompt_tokens"] // 2  # the session's KV was reused
+    assert [t.phase for t in read_recording(recording)["agent-7"]] == [line["phase"] for line in lines]
+    assert mix.turns_in_window == 3 and mix.active_decodes == 0
