@@ -117,6 +117,7 @@ BENCHMARKS = {
     "disagg": ("agents_eval.disagg_bench", "prefill/decode interference, KV hiding, role switches"),
     "kv-transfer": ("agents_eval.kv_transfer_bench", "KV transfer speed per transport against baselines"),
     "gateway": ("agents_eval.gateway_bench", "gateway overhead over its engine; Responses WebSocket vs chat turns"),
+    "capacity": ("agents_eval.capacity_bench", "capacity controller: reallocation latency, p99 against fixed splits"),
 }
 
 
