@@ -19,7 +19,7 @@ import httpx
 import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.async_engine import AsyncLLMEngine
+from engine.async_engine import AsyncLLMEngine, ServingEngine
 from engine.llm_engine import LLMEngine
 from gateway.app import create_app
 from gateway.responses_ws import uvicorn_websocket_options
@@ -128,8 +128,10 @@ def reset_prefix_cache(engine: AsyncLLMEngine, timeout_s: float = 30.0) -> None:
     """Forget every cached block, on the engine thread between two steps; the engine must be idle."""
     done: concurrent.futures.Future[bool] = concurrent.futures.Future()
 
-    def reset(llm: LLMEngine) -> None:
+    def reset(llm: ServingEngine) -> None:
         try:
+            if not isinstance(llm, LLMEngine):
+                raise TypeError("the gateway benchmark serves the colocated engine")
             done.set_result(llm.kv.reset_prefix_cache())
         except Exception as error:  # handed to the waiting caller; the engine loop must go on
             done.set_exception(error)

@@ -41,6 +41,7 @@ from engine.config import EngineSettings
 from engine.kv_pins import PinStats
 from engine.llm_engine import LLMEngine
 from engine.tokenizer import Tokenizer
+from predictor.traces import load_trace
 from trajectory.agent import Policies
 from trajectory.template import load_chat_template
 
@@ -139,7 +140,7 @@ class _Run:
 
     def trace_replay(self) -> TraceFigures:
         settings = self.settings
-        requests = trace.load_trace(settings.trace, settings.max_requests)
+        requests = load_trace(settings.trace, settings.max_requests)
         runs: dict[str, trace.ReplayCounts] = {}
         scaled: list[trace.ScaledRequest] = []
         for key, caching in ((CACHE_OFF, False), (CACHE_ON, True)):

@@ -12,30 +12,16 @@ request of this trace (a common system prompt), so a continuation must share at 
 
 from __future__ import annotations
 
-import json
 import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from engine.llm_engine import LLMEngine
 from engine.sampling import SamplingParams
+from predictor.traces import TRACE_BLOCK_TOKENS, TraceRequest, sessions_and_reuse
 
 Advance = Callable[[int], None]
-
-TRACE_BLOCK_TOKENS = 512
-MIN_SHARED_BLOCKS = 2
-ROOT = 0
-
-
-@dataclass(frozen=True)
-class TraceRequest:
-    timestamp_ms: int
-    input_length: int
-    output_length: int
-    hash_ids: tuple[int, ...]
-
 
 @dataclass(frozen=True)
 class ScaledRequest:
@@ -56,38 +42,6 @@ class ReplayCounts:
     @property
     def hit_ratio(self) -> float | None:
         return self.hits / self.queries if self.queries else None
-
-
-def load_trace(path: Path, max_requests: int) -> list[TraceRequest]:
-    requests: list[TraceRequest] = []
-    with path.open() as lines:
-        for line in lines:
-            if len(requests) == max_requests:
-                break
-            row = json.loads(line)
-            requests.append(TraceRequest(row["timestamp"], row["input_length"], row["output_length"],
-                                         tuple(row["hash_ids"])))
-    return requests
-
-
-def sessions_and_reuse(requests: list[TraceRequest]) -> tuple[list[int], list[int]]:
-    """Per request: its session index, and how many of its leading blocks an earlier request had."""
-    nodes: dict[tuple[int, int], int] = {}  # (parent prefix, hash id) -> prefix id: a trie of block prefixes
-    owners: dict[int, int] = {}  # prefix id -> session of the request that ended there (or one block later)
-    sessions, reused = [], []
-    for request in requests:
-        path: list[int] = []
-        seen, parent = 0, ROOT
-        for hash_id in request.hash_ids:
-            seen += (parent, hash_id) in nodes and seen == len(path)
-            parent = nodes.setdefault((parent, hash_id), len(nodes) + 1)
-            path.append(parent)
-        continued = [owners[prefix] for prefix in path[MIN_SHARED_BLOCKS - 1:] if prefix in owners]
-        session = continued[-1] if continued else len(set(owners.values()))
-        owners.update({prefix: session for prefix in path[max(MIN_SHARED_BLOCKS, len(path) - 1) - 1:]})
-        sessions.append(session)
-        reused.append(seen)
-    return sessions, reused
 
 
 def block_tokens(hash_id: int, block_len: int, vocab_size: int, seed: int) -> list[int]:

@@ -22,12 +22,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from agents_eval.trajectory_bench_trace import TraceRequest, block_length, load_trace, sessions_and_reuse
+from agents_eval.trajectory_bench_trace import block_length
 from agents_eval.workloads.context import ContextFit
 from agents_eval.workloads.synthetic import token_text
 from agents_eval.workloads.text import TokenText, cut_words
 from agents_eval.workloads.types import ACT, APPEND, THINK, SessionScript, Turn, Workload
 from engine.tokenizer import Tokenizer
+from predictor.traces import TraceRequest, load_trace, sessions_and_reuse
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 THINK_INPUT_PER_OUTPUT = 4  # a turn is "think" when its new tokens are at least this many times its output

@@ -10,9 +10,9 @@ import pytest
 
 from agents_eval.trajectory_bench import BenchResult, TrajectoryBenchSettings, run_benchmark
 from agents_eval.trajectory_bench_observations import KINDS
-from agents_eval.trajectory_bench_trace import TraceRequest, sessions_and_reuse
 from engine.config import EngineSettings
 from gateway.cli import EXIT_BAD_INPUT, main
+from predictor.traces import TraceRequest, sessions_and_reuse
 
 SETTINGS = TrajectoryBenchSettings(model="tiny", sessions=2, turns=4, max_requests=20, pruning_samples=3,
                                    phase_segment_s=10.0, num_threads=1)

@@ -3,6 +3,7 @@ sessions routed to the decode worker that holds their KV, per-role worker gauges
 
 from __future__ import annotations
 
+import itertools
 import signal
 import subprocess
 
@@ -62,7 +63,7 @@ def test_a_websocket_session_reuses_its_kv_on_the_decode_worker(
                 assert event.type != "response.failed" and event.type != "error", event
             assert usage is not None
             usages.append(usage)
-    for before, after in zip(usages, usages[1:], strict=False):  # small deltas: prefilled where the KV is
+    for before, after in itertools.pairwise(usages):  # small deltas: prefilled where the KV is
         assert after.input_tokens_details.cached_tokens >= before.input_tokens + before.output_tokens - 16
 
 
