@@ -126,9 +126,17 @@ def _latency_table(summaries: dict[str, dict[str, Any]], ranked: list[str]) -> T
 
 def _shift_table(shifts: list[dict[str, Any]]) -> Table:
     rows = [[f"to {r['shift_to']} at {r['at_s']:.1f} s", _ms(r["shift_event_s"]), _ms(r["decision_s"]),
-             _ms(r["serving_s"])] for r in shifts]
+             _ms(r["serving_s"]), _ms(_after_event(r))] for r in shifts]
     return Table("Reallocation latency from the first turns of each shift",
-                 ["shift", "(a) shift event", "(b) controller move", "(c) serving in new role"], rows)
+                 ["shift", "(a) shift event", "(b) controller move", "(c) serving in new role", "(c) - (a)"], rows)
+
+
+def _after_event(row: dict[str, Any]) -> float | None:
+    """The controller's own part: from the shift event to the moved worker serving (None if either is missing
+    or the move came first, driven by the queue)."""
+    if row["serving_s"] is None or row["shift_event_s"] is None or row["serving_s"] < row["shift_event_s"]:
+        return None
+    return float(row["serving_s"] - row["shift_event_s"])
 
 
 def _goal_note(goal: dict[str, Any]) -> str:

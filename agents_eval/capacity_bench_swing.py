@@ -30,10 +30,10 @@ class SwingWorkload:
     period_s: float = 15.0  # each window's length; the first window is act
     rate: float = 4.0  # requests per second, Poisson
     majority: float = 0.8  # share of a window's turns in its phase
-    think_prompt: int = 384
-    think_output: int = 4
-    act_prompt: int = 24
-    act_output: int = 48
+    think_prompt: int = 1536  # a large observation: the phase classifier calls it think
+    think_output: int = 32
+    act_prompt: int = 16  # a short tool result, a longer latency-bound reply
+    act_output: int = 64
     seed: int = 0
 
     def window_phase(self, t: float) -> str:

@@ -24,7 +24,7 @@ from gateway.errors import APIError
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.serving import ChoiceResult, TurnStats, Usage, generate_choices, record_reply, turn_stats
 from gateway.state import GatewayState
-from gateway.streaming import ChatStreamWriter, sse_error, sse_response, started
+from gateway.streaming import ChatStreamWriter, drain, sse_error, sse_response, started, until_done_or_gone
 
 router = APIRouter()
 Event = tuple[int, Any]
@@ -53,8 +53,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     events = _chat_events(gw, body, session_id, writer, usage, principal.is_vip)
     if body.stream:
         return await sse_response(events, writer, usage if body.include_usage else None)
-    async for _ in events:
-        pass
+    await until_done_or_gone(drain(events), request)
     return JSONResponse(writer.completion(usage))
 
 
@@ -93,9 +92,13 @@ async def completions(body: CompletionRequest, request: Request,
         chunks = _completion_chunks(await started(events), choices, usage, body, completion_id, created,
                                     gw.tokenizer.decode)
         return StreamingResponse(chunks, media_type="text/event-stream")
-    async for index, out in events:
-        choices[index].add(out)
-        usage.prompt_tokens, usage.cached_tokens = out.num_prompt_tokens, out.num_cached_tokens
+
+    async def collect() -> None:
+        async for index, out in events:
+            choices[index].add(out)
+            usage.prompt_tokens, usage.cached_tokens = out.num_prompt_tokens, out.num_cached_tokens
+
+    await until_done_or_gone(collect(), request)
     usage.completion_tokens = sum(len(c.token_ids) for c in choices)
     wanted = body.logprobs is not None
     return JSONResponse({

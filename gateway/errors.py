@@ -6,11 +6,15 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.sampling import RequestError
 from trajectory.template_types import ChatTemplateError
+
+
+class ClientGone(Exception):
+    """The client closed the connection before a non-streaming response was ready."""
 
 
 class APIError(Exception):
@@ -47,6 +51,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(_: Request, error: APIError) -> JSONResponse:
         return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(_: Request, error: ClientGone) -> Response:
+        return Response(status_code=499)  # nobody reads it: nginx's "client closed request", for the logs
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, error: RequestValidationError) -> JSONResponse:

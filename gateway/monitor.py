@@ -10,11 +10,12 @@ import argparse
 import re
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -173,7 +174,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     interval_s = parse_interval(args.interval)
     url = args.url or default_url()
-    console = Console(width=160)
+    console = Console()
+    if not console.is_terminal:
+        console.width = 160  # rather than wrap long label sets at 80 columns
     scrape = fetch(url)
     view = render(scrape, args.metric)  # an unknown metric fails here, before the live view starts
     if args.once:
@@ -183,15 +186,24 @@ def run(args: argparse.Namespace) -> None:
 
 
 def _watch(url: str, metric: str, interval_s: float, console: Console, scrape: Scrape) -> None:
-    scraped_at = time.monotonic()
+    if not console.is_terminal:  # a pipe or a file: one snapshot after another
+        console.print(render(scrape, metric))
+        _poll(url, metric, interval_s, scrape, console.print)
+        return
     with Live(render(scrape, metric), console=console, auto_refresh=False) as live:
-        while True:
-            time.sleep(interval_s)
-            try:
-                current = fetch(url)
-            except ValueError as error:  # keep the last view, marked stale, until the server answers again
-                live.update(Group(render(scrape, metric), Text(f"stale: {error}")), refresh=True)
-                continue
-            now = time.monotonic()
-            live.update(render(current, metric, scrape, now - scraped_at), refresh=True)
-            scrape, scraped_at = current, now
+        _poll(url, metric, interval_s, scrape, lambda view: live.update(view, refresh=True))
+
+
+def _poll(url: str, metric: str, interval_s: float, scrape: Scrape, show: Callable[[RenderableType], None]
+          ) -> None:
+    scraped_at = time.monotonic()
+    while True:
+        time.sleep(interval_s)
+        try:
+            current = fetch(url)
+        except ValueError as error:  # keep the last view, marked stale, until the server answers again
+            show(Group(render(scrape, metric), Text(f"stale: {error}")))
+            continue
+        now = time.monotonic()
+        show(render(current, metric, scrape, now - scraped_at))
+        scrape, scraped_at = current, now

@@ -31,6 +31,7 @@ from gateway.responses_events import TERMINAL_EVENTS, Event, ResponseStream, sse
 from gateway.serving import generate_choices, record_reply, turn_stats
 from gateway.sessions import SessionTurn
 from gateway.state import GatewayState
+from gateway.streaming import until_done_or_gone
 from trajectory.agent import Trajectory, TurnPlan
 from trajectory.template_types import Message, Role
 
@@ -256,7 +257,7 @@ async def create_response(body: ResponseCreateRequest, request: Request,
     first = await anext(events)  # bad input raises here, before the stream starts
     if body.stream:
         return StreamingResponse(_sse(first, events), media_type="text/event-stream")
-    return JSONResponse(await _final_response(first, events))
+    return JSONResponse(await _final_response(first, events, request))
 
 
 async def _sse(first: Event, events: AsyncGenerator[Event]) -> AsyncIterator[str]:
@@ -270,11 +271,16 @@ async def _sse(first: Event, events: AsyncGenerator[Event]) -> AsyncIterator[str
             yield sse_event({"type": "error", "code": "server_error", "message": str(error), "param": None})
 
 
-async def _final_response(first: Event, events: AsyncGenerator[Event]) -> dict[str, Any]:
+async def _final_response(first: Event, events: AsyncGenerator[Event], request: Request) -> dict[str, Any]:
     last = first
-    async with aclosing(events):
-        async for event in events:
-            last = event
+
+    async def collect() -> None:
+        nonlocal last
+        async with aclosing(events):
+            async for event in events:
+                last = event
+
+    await until_done_or_gone(collect(), request)
     if last["type"] == "response.failed":
         raise APIError(500, last["response"]["error"]["message"], "server_error", code="server_error")
     if last["type"] not in TERMINAL_EVENTS:

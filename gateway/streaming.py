@@ -6,16 +6,20 @@ With tools in the request, text from `<tool_call>` on is held back while streami
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
 
+from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from engine.output import RequestOutput
 from engine.sampling import TokenLogprob
+from gateway.errors import ClientGone
 from gateway.serving import ChoiceResult, Usage
 from gateway.tool_calls import parse_tool_calls
 from trajectory.template_types import Message
@@ -147,6 +151,29 @@ async def started(events: AsyncIterator[T]) -> AsyncIterator[T]:
             yield event
 
     return chained()
+
+
+async def drain(events: AsyncIterator[object]) -> None:
+    async for _ in events:
+        pass
+
+
+async def until_done_or_gone(work: Coroutine[Any, Any, None], request: Request, poll_s: float = 0.25) -> None:
+    """Run a non-streaming request's work to its end, unless the client disconnects first: then the work is
+    cancelled (which aborts its engine request and frees the KV) and ClientGone raised."""
+    task = asyncio.create_task(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=poll_s)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                raise ClientGone
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 async def sse_response(events: AsyncIterator[tuple[int, list[Chunk]]], writer: ChatStreamWriter,

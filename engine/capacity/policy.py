@@ -78,6 +78,7 @@ class CapacityPolicy:
     def __init__(self, settings: CapacitySettings) -> None:
         self.settings = settings
         self._pinned = settings.pinned_split
+        self._smoothed: tuple[float, Demand] | None = None  # (at, demand averaged over demand_smoothing_s)
 
     @property
     def pinned(self) -> tuple[int, int] | None:
@@ -92,7 +93,7 @@ class CapacityPolicy:
         self._pinned = None
 
     def decide(self, snapshot: LoadSnapshot) -> Decision:
-        need = demand(snapshot, self.settings)
+        need = self._smooth(demand(snapshot, self.settings), snapshot.now)
         if self._pinned is not None:
             return self._pinned_decision(snapshot, self._pinned, need)
         current = snapshot.count(PREFILL)
@@ -103,6 +104,20 @@ class CapacityPolicy:
             return self._decision(snapshot, current, need, "fewer workers than two roles' min_per_role")
         target, why = self._target(snapshot, need, current)
         return self._decision(snapshot, min(max(target, low), high), need, why)
+
+    def _smooth(self, need: Demand, now: float) -> Demand:
+        """An exponential average with time constant demand_smoothing_s: a burst of queued prompts is not a
+        shift of the load (phase-shift events still move ahead of it)."""
+        tau = self.settings.demand_smoothing_s
+        if self._smoothed is None or tau == 0:
+            self._smoothed = (now, need)
+            return need
+        at, old = self._smoothed
+        weight = 1.0 - math.exp(-max(0.0, now - at) / tau)
+        smoothed = Demand(old.prefill + weight * (need.prefill - old.prefill),
+                          old.decode + weight * (need.decode - old.decode))
+        self._smoothed = (now, smoothed)
+        return smoothed
 
     def _target(self, snapshot: LoadSnapshot, need: Demand, current: int) -> tuple[int, str]:
         total = need.prefill + need.decode

@@ -167,3 +167,26 @@ def test_a_client_gone_mid_stream_frees_its_request_and_kv(gateway: tuple[FastAP
     # back), and the ~120 full blocks of 1900 tokens would be in the prefix cache.
     assert engine.scheduler.pins.stats.pinned == 0
     assert len(engine.kv.pool.cached) - cached_before < 60
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/responses"])
+def test_a_client_gone_before_a_non_streaming_reply_aborts_it(gateway: tuple[FastAPI, str], path: str) -> None:
+    app, url = gateway
+    engine = app.state.gateway.engine.engine
+    assert wait_for(lambda: not engine.has_unfinished())
+    free_before, cached_before = engine.kv.num_free_blocks, len(engine.kv.pool.cached)
+    prompt = "Tell a long story. " * 8
+    body: dict[str, Any] = {"model": "tiny", "temperature": 0, "ignore_eos": True}
+    if path == "/v1/chat/completions":
+        body.update(messages=[{"role": "user", "content": prompt}], max_tokens=1900)
+    elif path == "/v1/completions":
+        body.update(prompt=prompt, max_tokens=1900)
+    else:
+        body.update(input=prompt, max_output_tokens=1900, store=False)
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up while the engine is still generating
+        httpx.post(f"{url}{path}", json=body, timeout=httpx.Timeout(30, read=1.0))
+    assert engine.has_unfinished() or engine.kv.num_free_blocks == free_before
+    assert wait_for(lambda: not engine.has_unfinished() and engine.kv.num_free_blocks == free_before)
+    assert wait_for(lambda: app.state.gateway.in_flight == 0)
+    assert engine.scheduler.pins.stats.pinned == 0
+    assert len(engine.kv.pool.cached) - cached_before < 60  # aborted: not the ~120 full blocks of 1900 tokens

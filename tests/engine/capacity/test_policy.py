@@ -42,7 +42,17 @@ def apply(snap: LoadSnapshot, decision: Decision) -> LoadSnapshot:
 
 @pytest.fixture
 def policy() -> CapacityPolicy:
-    return CapacityPolicy(CapacitySettings())
+    """Instantaneous demand: each snapshot is judged on its own (smoothing has its own test)."""
+    return CapacityPolicy(CapacitySettings(demand_smoothing_s=0))
+
+
+def test_smoothing_lets_a_burst_pass_and_follows_a_lasting_load() -> None:
+    policy = CapacityPolicy(CapacitySettings(demand_smoothing_s=2.0, hold_s=0))
+    assert policy.decide(snapshot("PDDD", now=0.0, streams=30)).prefill == 1
+    burst = policy.decide(snapshot("PDDD", now=0.1, waiting=20000, streams=30))
+    assert burst.prefill == 1 and burst.demand.prefill == pytest.approx(4.0 * (1 - 2.718281828 ** -0.05), rel=1e-3)
+    lasting = [policy.decide(snapshot("PDDD", now=0.1 + 0.1 * i, waiting=20000, streams=30)) for i in range(1, 40)]
+    assert lasting[-1].prefill >= 2  # after a few time constants the demand is the queue's
 
 
 def test_the_split_moves_toward_the_load(policy: CapacityPolicy) -> None:
