@@ -18,6 +18,7 @@ gateway. See docs/agents_eval.md ("Agent benchmark") for every figure's definiti
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,11 +31,13 @@ from agents_eval.agent_bench_driver import RunLimits, planned_requests
 from agents_eval.agent_bench_gateway import CONFIGS, colocated_threads
 from agents_eval.agent_bench_metrics import RequestRecord, Slo
 from agents_eval.agent_bench_run import HTTP, WS, PointResult, RunOptions, run_point
-from agents_eval.agent_bench_workload import WORKLOADS, WorkloadOptions, build_workload, default_rate
+from agents_eval.agent_bench_workload import WORKLOADS, WorkloadOptions, build_workload, default_rate, session_rate
 from agents_eval.report import ReportFiles, machine_info
 from agents_eval.workloads.types import Workload
 
-DEFAULT_SLO = Slo(ttft_s=2.0, tpot_s=0.1)  # the tiny model on CPU; set both for a real model
+# About 10x what an unloaded gateway gives the tiny model on 2 CPU cores (TTFT ~50 ms, TPOT ~5 ms); set both
+# for a real model and machine.
+DEFAULT_SLO = Slo(ttft_s=0.5, tpot_s=0.05)
 DEFAULT_PRICE_PER_WORKER_HOUR = 2.0
 
 
@@ -96,21 +99,27 @@ def _measure_point(settings: AgentBenchSettings, config: str, fraction: float, r
 
 def run_benchmark(settings: AgentBenchSettings, out_dir: Path) -> BenchResult:
     settings.validate()
-    rate = settings.workload.rate or default_rate(settings.workload.name)
+    rate = settings.workload.rate if settings.workload.rate is not None else default_rate(settings.workload.name)
+    if rate is None and set(settings.fractions) != {1.0}:
+        raise ValueError(f"--rate-sweep needs --rate: {settings.workload.name} replays its trace's own times")
     machine = machine_info()  # before the run: its load average shows other work on the machine, not ours
     points = []
-    workloads = {f: build_workload(settings.workload, settings.run.model, rate * f) for f in set(settings.fractions)}
+    workloads = {f: build_workload(settings.workload, settings.run.model, None if rate is None else rate * f)
+                 for f in set(settings.fractions)}
+    if not all(w.sessions for w in workloads.values()):
+        raise ValueError("the workload has no session starting within --duration at this --rate: raise either")
     with _progress() as progress:
         for fraction, workload in sorted(workloads.items()):
+            offered = session_rate(workload, settings.run.limits.duration_s) if rate is None else rate * fraction
             for config in settings.configs:
-                result = _measure_point(settings, config, fraction, rate * fraction, workload, out_dir, progress)
-                points.append(bench_report.Point(config, fraction, rate * fraction, result))
+                result = _measure_point(settings, config, fraction, offered, workload, out_dir, progress)
+                points.append(bench_report.Point(config, fraction, offered, result))
     report = assemble(settings, rate, workloads[1.0], points, machine)
     files = bench_report.write(out_dir, report, points, notes(settings, report))
     return BenchResult(report, files, points)
 
 
-def assemble(settings: AgentBenchSettings, rate: float, workload: Workload, points: Sequence[bench_report.Point],
+def assemble(settings: AgentBenchSettings, rate: float | None, workload: Workload, points: Sequence[bench_report.Point],
              machine: dict[str, Any]) -> dict[str, Any]:
     slo, price = settings.slo, settings.price_per_worker_hour
     configs = {p.config: bench_report.config_figures(p, slo, price) for p in points if p.fraction == 1.0}
@@ -129,7 +138,7 @@ def assemble(settings: AgentBenchSettings, rate: float, workload: Workload, poin
             "colocated_threads": colocated_threads(run.env),
             "gateway_env": {p.config: p.result.env for p in points if p.fraction == 1.0},
         },
-        "machine": machine,
+        "machine": machine, "load_average_at_end": list(os.getloadavg()),
     }
 
 
@@ -138,18 +147,36 @@ def notes(settings: AgentBenchSettings, report: dict[str, Any]) -> list[str]:
     lines = [
         f"SLO: TTFT <= {slo.ttft_s} s and TPOT <= {slo.tpot_s} s; goodput counts the requests meeting both.",
         f"Cost: ${settings.price_per_worker_hour}/worker-hour x the configuration's workers x the measured window "
-        "(first send to last reply), per 1,000 prompt + output tokens (usage).",
+        "(first send to last reply), per 1,000 prompt + output tokens (usage). The colocated engine counts as one "
+        "worker although it runs as many threads as the disaggregated workers together.",
         f"Equal cores: the colocated baseline runs {report['settings']['colocated_threads']} torch threads, what the "
         "disaggregated workers run in all (configs/deployment.yaml).",
-        f"Client of the agent configuration: {settings.run.client}; the others resend the full history over chat "
-        "completions without a session id.",
+        "The baseline and disaggregated clients resend the whole history over chat completions without a session "
+        f"id; the agent client keeps each session ({settings.run.client}).",
     ]
+    cores, loads = report["machine"]["cpu_count"] or 1, (report["machine"]["load_average"][0],
+                                                         report["load_average_at_end"][0])
+    if loads[0] >= 1.0:
+        lines.append(f"Other work ran on the machine: 1-minute load {loads[0]:.1f} before the run ({loads[1]:.1f} "
+                     f"after it, ours included), on {cores} cores; the figures are noisy.")
+    sent = {name: figures["requests_sent"] for name, figures in report["configs"].items()}
+    if len(set(sent.values())) > 1:
+        counts = ", ".join(f"{name} {count}" for name, count in sent.items())
+        lines.append(f"Requests sent differ ({counts}): a session sends its next turn only after its reply, so a "
+                     "configuration that falls behind reaches fewer turns before --duration ends.")
+    changes = ", ".join(f"{name} {figures['role_changes']}" for name, figures in report["configs"].items())
+    lines.append(f"Changes of the prefill/decode split seen during the run (polled every 0.25 s): {changes}.")
+    if any(set(f["split"].values()) == {1} and len(f["split"]) == 2 for f in report["configs"].values()):
+        lines.append("With one prefill and one decode worker the capacity controller has nothing to move (it keeps "
+                     "min_per_role workers per role): add workers, e.g. --env AGENTSERVE_DEPLOYMENT_DECODE=3, to "
+                     "see role shifts.")
     for name, figures in report["configs"].items():
         if name != "baseline" and "colocated" in figures["split"]:
             lines.append(f"{name} ran on a colocated engine: this gateway ignored AGENTSERVE_DISAGGREGATED=true.")
         errors = figures["errors"] + len(figures["session_errors"])
         if errors:
-            lines.append(f"{name}: {errors} errors (failed requests count as SLO misses).")
+            common = next(iter(figures["error_messages"]), None) or figures["session_errors"][0]
+            lines.append(f"{name}: {errors} errors (failed requests count as SLO misses); most common: {common}")
     return lines
 
 
@@ -179,7 +206,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--out", type=Path, help="folder for the report files")
     group.add_argument("--model", default="tiny", help="built-in model name or checkpoint dir")
     group.add_argument("--duration", type=float, default=60.0, help="seconds during which turns are sent")
-    group.add_argument("--rate", type=float, help="sessions per second (default: the workload's)")
+    group.add_argument("--rate", type=float, help="sessions per second (default: the workload's; mooncake: the "
+                       "trace's own times)")
     group.add_argument("--rate-sweep", type=_fractions, default=(1.0,), help="fractions of --rate, e.g. 0.5,1,2")
     group.add_argument("--max-requests", type=int, help="requests per point at most")
     group.add_argument("--client", choices=(WS, HTTP), default=WS, help="the agent configuration's session client")

@@ -1,13 +1,15 @@
 """The report of `agentserve bench --workload`: per configuration its figures at the offered rate (`--rate`),
-their ratios to the baseline, the goal check, the rate sweep; `report.json`, `report.md` and four plots:
-`throughput_vs_rate.png`, `latency_cdf.png` (end to end), `ttft_cdf.png`, `role_timeline.png`."""
+their ratios to the baseline, the goal check, the rate sweep; `report.json`, `report.md` and five plots:
+`throughput_vs_rate.png`, `goodput_vs_rate.png`, `latency_cdf.png` (end to end), `ttft_cdf.png`,
+`role_timeline.png`; and every request's record in `requests/<config>-x<fraction>.jsonl`."""
 
 from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,8 @@ def config_figures(point: Point, slo: Slo, price_per_worker_hour: float) -> dict
             "session_errors": result.session_errors, "split": result.capacity["split"],
             "split_source": result.capacity["source"], "capacity_enabled": result.capacity["enabled"],
             "capacity_events": result.capacity["events"], "role_timeline": result.timeline,
+            "role_changes": max(0, len(result.timeline) - 1),
+            "error_messages": dict(Counter(r.error for r in result.records if r.error).most_common(5)),
             "model_name": result.model_name}
 
 
@@ -146,15 +150,15 @@ def sweep_table(sweep: Mapping[str, Sequence[Mapping[str, Any]]]) -> Table:
                                                      "p99 latency"], rows)
 
 
-def throughput_chart(sweep: Mapping[str, Sequence[Mapping[str, Any]]]) -> LineChart:
+def rate_chart(sweep: Mapping[str, Sequence[Mapping[str, Any]]], figure: str) -> LineChart:
+    """`throughput` or `goodput` (requests/s) of every configuration against the offered rate."""
     rates = sorted({row["offered_rate"] for rows in sweep.values() for row in rows})
     series: dict[str, list[float]] = {}
     for config, rows in sweep.items():
-        by_rate = {row["offered_rate"]: row for row in rows}
-        series[config] = [by_rate[r]["throughput_rps"] if r in by_rate else math.nan for r in rates]
-        series[f"{config} (goodput)"] = [by_rate[r]["goodput_rps"] if r in by_rate else math.nan for r in rates]
-    return LineChart("throughput_vs_rate.png", "Throughput against offered rate", "offered rate (sessions/s)",
-                     "requests/s", rates, series)
+        by_rate = {row["offered_rate"]: row[f"{figure}_rps"] for row in rows}
+        series[config] = [by_rate.get(rate, math.nan) for rate in rates]
+    return LineChart(f"{figure}_vs_rate.png", f"{figure.capitalize()} against offered rate",
+                     "offered rate (sessions/s)", "requests/s", rates, series)
 
 
 def latency_charts(records: Mapping[str, Sequence[RequestRecord]]) -> list[CdfChart]:
@@ -218,9 +222,19 @@ def write(out_dir: Path, report: dict[str, Any], points: Sequence[Point], notes:
     files = ReportFiles(out_dir / JSON_NAME, out_dir / MARKDOWN_NAME, out_dir / "throughput_vs_rate.png")
     files.json.write_text(json.dumps(finite(report), indent=2) + "\n")
     files.markdown.write_text(markdown(report, notes))
-    save_line_chart(throughput_chart(report["sweep"]), files.chart)
+    save_line_chart(rate_chart(report["sweep"], "throughput"), files.chart)
+    save_line_chart(rate_chart(report["sweep"], "goodput"), out_dir / "goodput_vs_rate.png")
     headline = {p.config: p.result.records for p in points if p.fraction == 1.0}
     for chart in latency_charts(headline):
         save_cdf_chart(chart, out_dir / chart.filename)
     save_line_chart(timeline_chart(report["configs"]), out_dir / "role_timeline.png")
+    write_records(out_dir / "requests", points)
     return files
+
+
+def write_records(folder: Path, points: Sequence[Point]) -> None:
+    """Every request of every point, one JSON object a line: `requests/<config>-x<fraction>.jsonl`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for point in points:
+        lines = [json.dumps(finite(asdict(r))) for r in point.result.records]
+        (folder / f"{point.config}-x{point.fraction:g}.jsonl").write_text("".join(f"{line}\n" for line in lines))

@@ -36,6 +36,7 @@ from agents_eval.agent_bench_workload import warm_up_workload
 
 WS, HTTP = "ws", "http"
 ADMIN_TIMEOUT_S = 10.0
+SETTLE_S = 0.5  # disaggregated workers report their cache counters when they turn idle: let the last arrive
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,7 @@ async def _measure(config: str, gateway: GatewayProcess, workload: WorkloadLike,
             polling.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await polling
+            await asyncio.sleep(SETTLE_S)
             after, split = await scrape(admin), await capacity(admin)
     finally:
         await pool.close()

@@ -41,11 +41,15 @@ def builder(name: str) -> ModuleType:
         raise ValueError(f"workload {name!r} is not available (agents_eval/workloads/{name}.py)") from None
 
 
-def default_rate(name: str) -> float:
+def default_rate(name: str) -> float | None:
+    """The builder's default sessions per second; None where it replays a trace's own arrival times."""
     rate = inspect.signature(builder(name).build).parameters.get("rate")
-    if rate is None or not isinstance(rate.default, int | float):
-        raise ValueError(f"workload {name!r} has no default rate: give --rate")
-    return float(rate.default)
+    return float(rate.default) if rate is not None and isinstance(rate.default, int | float) else None
+
+
+def session_rate(workload: Workload, duration_s: float) -> float:
+    """Sessions per second that start within the run: the offered rate of a trace replayed at its own times."""
+    return sum(s.start_s < duration_s for s in workload.sessions) / duration_s
 
 
 def model_context(model: str) -> tuple[Tokenizer | None, int]:
@@ -56,7 +60,7 @@ def model_context(model: str) -> tuple[Tokenizer | None, int]:
     return load_tokenizer(directory), read_hf_config(directory).max_position_embeddings
 
 
-def build_workload(options: WorkloadOptions, model: str, rate: float) -> Workload:
+def build_workload(options: WorkloadOptions, model: str, rate: float | None) -> Workload:
     """The builder's sessions at `rate`; only the options the builder takes are passed (None: its default)."""
     build = builder(options.name).build
     tokenizer, max_model_len = model_context(model)

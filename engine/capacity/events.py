@@ -1,6 +1,6 @@
 """The controller's recent history for `GET /admin/capacity`: a bounded, timestamped event log.
 
-Kinds: `decision` (recorded when it moves workers or its reason changes, so an idle controller deciding
+Kinds: `decision` (recorded when it moves workers or its target split changes, so a controller deciding
 every 100 ms does not flood the log), `move` (a role change sent), `role_applied` (a worker confirmed it),
 `alert` (fired or cleared), `shift` (a phase shift event). The oldest events fall out first."""
 
@@ -32,7 +32,7 @@ class EventLog:
             raise ValueError(f"event log capacity must be at least 1, got {capacity}")
         self._events: deque[CapacityEvent] = deque(maxlen=capacity)
         self.recorded = 0
-        self._last_reason: str | None = None
+        self._last_split: tuple[int, int] | None = None
 
     @property
     def events(self) -> list[CapacityEvent]:
@@ -45,9 +45,10 @@ class EventLog:
         return event
 
     def decision(self, at: float, decision: Decision) -> CapacityEvent | None:
-        if not decision.moves and decision.reason == self._last_reason:
+        split = (decision.prefill, decision.decode)
+        if not decision.moves and split == self._last_split:
             return None
-        self._last_reason = decision.reason
+        self._last_split = split
         return self.record(at, "decision", prefill=decision.prefill, decode=decision.decode,
                            moves=[[move.worker_id, move.role] for move in decision.moves], reason=decision.reason,
                            prefill_need=decision.demand.prefill, decode_need=decision.demand.decode)

@@ -9,8 +9,8 @@ from engine.capacity.events import EventLog
 from engine.capacity.policy import Decision, Demand, Move
 
 
-def decision(moves: tuple[Move, ...] = (), reason: str = "load") -> Decision:
-    return Decision(2, 1, moves, reason, Demand(1.5, 0.5))
+def decision(moves: tuple[Move, ...] = (), reason: str = "load", prefill: int = 2) -> Decision:
+    return Decision(prefill, 3 - prefill, moves, reason, Demand(1.5, 0.5))
 
 
 def test_the_log_keeps_the_newest_events() -> None:
@@ -36,12 +36,12 @@ def test_every_kind_serialises_to_json() -> None:
                                  "threshold": 0.6, "message": "KV hit ratio 0.5 <= 0.6"}
 
 
-def test_repeated_idle_decisions_are_logged_once() -> None:
+def test_decisions_are_logged_when_they_move_or_change_the_target() -> None:
     log = EventLog()
     assert log.decision(0.0, decision()) is not None
-    assert log.decision(0.1, decision()) is None
-    assert log.decision(0.2, decision(reason="no load")) is not None
-    assert log.decision(0.3, decision((Move(0, "decode"),), reason="no load")) is not None
+    assert log.decision(0.1, decision(reason="load: prefill 1.52 workers")) is None  # same target, new numbers
+    assert log.decision(0.2, decision(prefill=1)) is not None
+    assert log.decision(0.3, decision((Move(0, "decode"),), prefill=1)) is not None
     assert len(log.events) == 3
 
 
