@@ -87,7 +87,7 @@ class DisaggregatedEngine:
 
     def _dispatch(self, tracked: Tracked) -> None:
         self.by_attempt[tracked.attempt_id] = tracked
-        placement = self.placer.place(tracked.session, tracked.token_ids, self._loads(), time.monotonic())
+        placement = self.placer.place(tracked.session, tracked.token_ids, self._loads())
         submit = m.Submit(tracked.attempt_id, tracked.token_ids, tracked.params,
                           tracked.masked_spans, session=tracked.session)
         if placement.prefill_worker is None:
@@ -118,7 +118,9 @@ class DisaggregatedEngine:
                     worker.send(m.Abort(tracked.attempt_id))
 
     def has_unfinished(self) -> bool:
-        return bool(self.tracked)
+        """Requests in flight, or a worker whose last Load report was busy: keep stepping until every worker
+        has reported idle, so stats and the capacity controller see the end of the work."""
+        return bool(self.tracked) or any(w.alive and w.stats.running for w in self.workers)
 
     def wakeup(self) -> None:
         """Cut a step's wait short (new work arrived from another thread)."""

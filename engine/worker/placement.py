@@ -18,14 +18,13 @@ class Placer:
                  block_size: int) -> None:
         self.workers, self.homes, self.settings, self.block_size = workers, homes, settings, block_size
 
-    def place(self, session: SessionRef | None, prompt: Sequence[int], requests: dict[int, int],
-              now: float) -> Placement:
+    def place(self, session: SessionRef | None, prompt: Sequence[int], requests: dict[int, int]) -> Placement:
         """requests: worker id -> requests the coordinator has on it (fresher than the Load reports)."""
         alive = [w for w in self.workers if w.alive]
         if not alive:
             raise RuntimeError("every engine worker has died")
         loads = [WorkerLoad(w.worker_id, w.role, requests.get(w.worker_id, 0), w.stats.prefill_tokens_waiting,
                             w.stats.decode_streams) for w in alive]
-        cached = self.homes.cached_tokens(session.key if session else None, prompt, now)
+        cached = self.homes.cached_tokens(session.key if session else None, prompt)
         return place(Turn(len(prompt), session.key if session else None, cached), loads, self.settings,
                      self.block_size)

@@ -1,9 +1,11 @@
-"""Where each agent session's KV lives in a disaggregated deployment: the decode worker that ran its last
-turn keeps that turn's tokens pinned until the pin's time-to-live runs out. The coordinator reads this to
-send the next turn to the worker that holds most of it (KV-aware routing)."""
+"""Where each agent session's KV lives in a disaggregated deployment: the worker that ran its last turn. That
+worker pins the turn's tokens for the session's time-to-live and, after the pin runs out, still holds them in
+its prefix cache until memory pressure evicts them, so a home outlives its pin; the coordinator sends the next
+turn to the worker holding most of it (KV-aware routing). The oldest homes are forgotten past `max_homes`."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -11,45 +13,40 @@ from dataclasses import dataclass
 @dataclass
 class SessionHome:
     worker_id: int
-    token_ids: list[int]  # the last turn's prompt and output: what the pin holds
-    expires_at: float  # monotonic seconds
+    token_ids: list[int]  # the last turn's prompt and output
+    pinned_until: float  # monotonic seconds; later the KV is only likely still cached
 
 
 class SessionHomes:
-    def __init__(self, block_size: int) -> None:
-        self.block_size = block_size
-        self.homes: dict[str, SessionHome] = {}
+    def __init__(self, block_size: int, max_homes: int = 100_000) -> None:
+        self.block_size, self.max_homes = block_size, max_homes
+        self.homes: OrderedDict[str, SessionHome] = OrderedDict()  # least recently used first
 
     def turn_finished(self, key: str, worker_id: int, token_ids: list[int], ttl_s: float, now: float) -> None:
         self.homes[key] = SessionHome(worker_id, token_ids, now + ttl_s)
+        self.homes.move_to_end(key)
+        while len(self.homes) > self.max_homes:
+            self.homes.popitem(last=False)
 
     def set_ttl(self, key: str, ttl_s: float, now: float) -> int | None:
-        """Re-time a session's pin; the worker holding it, or None when no live pin is known."""
-        home = self._live(key, now)
+        """Re-time a session's pin; the worker that should hold it, or None when the session has no home."""
+        home = self.homes.get(key)
         if home is None:
             return None
-        home.expires_at = now + ttl_s
+        home.pinned_until = now + ttl_s
         return home.worker_id
 
-    def cached_tokens(self, key: str | None, prompt: Sequence[int], now: float) -> dict[int, int]:
-        """Per worker: leading prompt tokens whose KV it holds for this session, in whole blocks."""
-        home = self._live(key, now)
+    def cached_tokens(self, key: str | None, prompt: Sequence[int]) -> dict[int, int]:
+        """Per worker: leading prompt tokens it likely holds for this session, in whole blocks."""
+        home = self.homes.get(key) if key is not None else None
         if home is None:
             return {}
         common = _common_prefix(home.token_ids, prompt)
         return {home.worker_id: common - common % self.block_size}
 
     def forget_worker(self, worker_id: int) -> None:
-        self.homes = {k: h for k, h in self.homes.items() if h.worker_id != worker_id}
-
-    def _live(self, key: str | None, now: float) -> SessionHome | None:
-        if key is None:
-            return None
-        home = self.homes.get(key)
-        if home is not None and home.expires_at <= now:
+        for key in [k for k, h in self.homes.items() if h.worker_id == worker_id]:
             del self.homes[key]
-            return None
-        return home
 
     def __len__(self) -> int:
         return len(self.homes)

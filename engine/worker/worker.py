@@ -66,7 +66,7 @@ class Worker:
         self.stopping = False
         self.handoff_sessions: dict[str, SessionRef] = {}  # prefill-only request -> session its decoder pins
         self.last_report = 0.0
-        self.reported_idle = True
+        self.unreported = False  # it stepped since its last Load report
 
     def loop(self) -> None:
         while not self.stopping:
@@ -76,15 +76,17 @@ class Worker:
             self._take_assembled()
             if self.engine.has_unfinished():
                 self._dispatch(self.engine.step(self.streamer.on_layer))
+                self.unreported = True
             self._report_load()
         self.conn.send(m.Stopped(self.assembler.counters))
 
     def _report_load(self) -> None:
-        busy = self.engine.has_unfinished()
+        """Every report interval while busy, and at once when it turns idle."""
         now = time.monotonic()
-        if (busy and now - self.last_report >= self.spec.report_interval_s) or (not busy and not self.reported_idle):
+        due = not self.engine.has_unfinished() or now - self.last_report >= self.spec.report_interval_s
+        if self.unreported and due:
             self.conn.send(m.Load(self.spec.worker_id, self.engine.stats()))
-            self.last_report, self.reported_idle = now, not busy
+            self.last_report, self.unreported = now, False
 
     def _commands(self, wait_s: float) -> None:
         while self.conn.poll(wait_s):
@@ -92,6 +94,8 @@ class Worker:
             wait_s = 0.0
 
     def _handle(self, command: m.Command) -> None:
+        if isinstance(command, m.Submit | m.Abort | m.AcceptHandoff):
+            self.unreported = True  # its load changes: the coordinator hears of it even without a step
         if isinstance(command, m.Submit):
             self._submit(command)
         elif isinstance(command, m.AcceptHandoff):

@@ -42,6 +42,9 @@ def test_chat_and_streaming_through_the_openai_sdk(disaggregated: tuple[subproce
                                             stream=True, extra_body={"ignore_eos": True})
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == whole.choices[0].message.content
+    # The workers' prefix-cache counters reach /metrics once they report idle: both lookups, the second a hit.
+    assert metric(url, "prefix_cache_queries_total") >= 2 * whole.usage.prompt_tokens
+    assert metric(url, "prefix_cache_hits_total") >= whole.usage.prompt_tokens - 16
     assert metric(url, "num_workers", role="prefill") == 1
     assert metric(url, "num_workers", role="decode") == 1
 
