@@ -100,7 +100,7 @@ def running_gateway(settings: GatewaySettings, engine: LLMEngine) -> Iterator[Ru
     app = create_app(settings, engine)
     probe = ServerProbe()
     config = uvicorn.Config(TimedApp(app, probe), log_level="warning", access_log=False, loop="uvloop",
-                            http="httptools", ws="websockets", **uvicorn_websocket_options(settings.limits))
+                            http="httptools", ws="websockets-sansio", **uvicorn_websocket_options(settings.limits))
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="bench-gateway", daemon=True)
     thread.start()

@@ -46,6 +46,6 @@ def serve(settings: GatewaySettings) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, loop="uvloop", http="httptools",
-                            ws="websockets", log_level="info", timeout_graceful_shutdown=1,
+                            ws="websockets-sansio", log_level="info", timeout_graceful_shutdown=1,
                             **uvicorn_websocket_options(settings.limits))
     DrainingServer(config, app.state.gateway).run()

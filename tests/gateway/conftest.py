@@ -48,7 +48,7 @@ def running_gateway(settings: GatewaySettings, engine: LLMEngine | None = None) 
 def serving(app: FastAPI, port: int) -> Iterator[str]:
     """uvicorn serving an app built by the test (to reach `app.state.gateway`); yields its base URL."""
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           loop="asyncio", ws="websockets"))
+                                           loop="asyncio", ws="websockets-sansio"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
