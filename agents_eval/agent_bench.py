@@ -32,7 +32,7 @@ from agents_eval.agent_bench_gateway import CONFIGS, colocated_threads
 from agents_eval.agent_bench_metrics import RequestRecord, Slo
 from agents_eval.agent_bench_run import HTTP, WS, PointResult, RunOptions, run_point
 from agents_eval.agent_bench_workload import WORKLOADS, WorkloadOptions, build_workload, default_rate, session_rate
-from agents_eval.report import ReportFiles, machine_info
+from agents_eval.report import ReportFiles, check_settings, machine_info
 from agents_eval.workloads.types import Workload
 
 # About 10x what an unloaded gateway gives the tiny model on 2 CPU cores (TTFT ~50 ms, TPOT ~5 ms); set both
@@ -63,9 +63,7 @@ class AgentBenchSettings:
             (self.price_per_worker_hour >= 0, "--price-per-worker-hour must not be negative"),
             (self.run.client in (WS, HTTP), f"--client: {WS} or {HTTP}"),
         ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
+        check_settings(checks)
 
 
 @dataclass

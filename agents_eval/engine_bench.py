@@ -30,7 +30,7 @@ from agents_eval.engine_bench_workload import (
     make_workload,
     random_prompt,
 )
-from agents_eval.report import ReportFiles, machine_info, write_report
+from agents_eval.report import ReportFiles, check_settings, machine_info, write_report
 from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine
 
@@ -62,9 +62,7 @@ class BenchSettings:
             (self.prefix_repeats >= 1, "prefix-cache timing needs at least 1 repeat"),
             (self.num_threads >= 0, "--threads must be at least 1 (0: every core)"),
         ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
+        check_settings(checks)
 
     @property
     def threads(self) -> int:

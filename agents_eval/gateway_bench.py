@@ -26,7 +26,7 @@ from agents_eval.gateway_bench_client import ClientProcess
 from agents_eval.gateway_bench_overhead import measure_overhead
 from agents_eval.gateway_bench_server import RunningGateway, running_gateway
 from agents_eval.gateway_bench_session import Session, make_session, run_sessions, session_tokens
-from agents_eval.report import ReportFiles, machine_info, write_report
+from agents_eval.report import ReportFiles, check_settings, machine_info, write_report
 from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine
 from gateway.settings import GatewaySettings
@@ -62,9 +62,7 @@ class GatewayBenchSettings:
             (1 <= low <= high, "observation token range must satisfy 1 <= low <= high"),
             (self.num_threads >= 0, "--threads must be at least 1 (0: torch's default)"),
         ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
+        check_settings(checks)
 
 
 @dataclass

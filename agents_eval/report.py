@@ -65,6 +65,13 @@ class ReportFiles:
     chart: Path
 
 
+def check_settings(checks: Sequence[tuple[bool, str]]) -> None:
+    """A benchmark's settings: ValueError with the message of the first check that fails."""
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message)
+
+
 def _row(cells: Sequence[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 

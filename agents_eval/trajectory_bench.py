@@ -26,7 +26,7 @@ from rich.progress import Progress
 
 from agents_eval import trajectory_bench_report as bench_report
 from agents_eval import trajectory_bench_trace as trace
-from agents_eval.report import ReportFiles, machine_info, write_report
+from agents_eval.report import ReportFiles, check_settings, machine_info, write_report
 from agents_eval.trajectory_bench_observations import KINDS, PruningFigure, measure_pruning
 from agents_eval.trajectory_bench_phase import PhaseFigures, PhaseScript, run_phase_swings
 from agents_eval.trajectory_bench_report import CACHE_OFF, CACHE_ON, Figures, TraceFigures
@@ -76,9 +76,7 @@ class TrajectoryBenchSettings:
             (self.num_threads >= 0, "--threads must be at least 1 (0: every core)"),
             (self.trace.is_file(), f"trace not found: {self.trace} (pass --trace)"),
         ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
+        check_settings(checks)
 
     @property
     def threads(self) -> int:
