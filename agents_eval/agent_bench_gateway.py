@@ -27,7 +27,7 @@ from agents_eval.agent_bench_metrics import parse_metrics
 CONFIGS = ("baseline", "disaggregated", "agent")
 LABELS = {"baseline": "single-node baseline", "disaggregated": "disaggregated (DistServe)",
           "agent": "agent-optimized"}
-FEATURES = {  # disaggregated, capacity controller, prefix caching, pruning and masks
+FEATURES = {  # disaggregated, agent routing (controller, conditional disaggregation), prefix caching, pruning+masks
     "baseline": (False, None, False, False),
     "disaggregated": (True, False, True, False),
     "agent": (True, True, True, True),
@@ -52,6 +52,9 @@ def config_env(name: str) -> dict[str, str]:
            "AGENTSERVE_TRAJECTORY_MASKS__ENABLED": _flag(trajectory)}
     if capacity is not None:
         env["AGENTSERVE_CAPACITY_ENABLED"] = _flag(capacity)
+    if capacity is False:  # DistServe: every prompt is prefilled on a prefill worker and its KV sent over
+        env["AGENTSERVE_CAPACITY_LOCAL_PREFILL_MAX_TOKENS"] = "0"
+        env["AGENTSERVE_CAPACITY_LOCAL_PREFILL_MAX_UNCACHED_SHARE"] = "0"
     return env
 
 
