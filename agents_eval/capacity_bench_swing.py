@@ -18,10 +18,9 @@ from engine.sampling import SamplingParams
 from engine.stats import AgentSignals
 from engine.worker.coordinator import DisaggregatedEngine
 from engine.worker.deployment import DeploymentSettings
+from gateway.load_signals import SHIFT_PHASE
 from trajectory.phase import PhaseConfig, PhaseShiftEvent, TurnFeatures, classify_turn
 from trajectory.phase_monitor import PhaseMixMonitor
-
-SHIFT_PHASE = {"to_think": "think", "to_act": "act"}
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import OrderedDict
 from pathlib import Path
 
 from engine.async_engine import AsyncLLMEngine
@@ -21,6 +22,7 @@ from trajectory.phase_monitor import PhaseMixMonitor
 
 log = logging.getLogger(__name__)
 SHIFT_PHASE = {"to_think": "think", "to_act": "act"}
+MAX_SESSIONS = 100_000  # sessions whose last arrival is kept (for the tool gap); the least recent go first
 
 
 class LoadSignals:
@@ -31,7 +33,7 @@ class LoadSignals:
         self.monitor = PhaseMixMonitor(PhaseConfig.load())
         self.monitor.subscribe(self._on_shift)
         self.last_shift: PhaseShiftEvent | None = None
-        self.last_arrival: dict[str, float] = {}
+        self.last_arrival: OrderedDict[str, float] = OrderedDict()  # least recently seen session first
         self._task: asyncio.Task[None] | None = None
 
     def turn_started(self, session_id: str, estimate: PhaseEstimate, prefill_tokens: int) -> None:
@@ -42,8 +44,10 @@ class LoadSignals:
         """`arrived`: monotonic time the turn came in; `turn.tool_gap_s` is filled here from the session's
         previous arrival."""
         self.monitor.decode_finished(session_id)
-        previous = self.last_arrival.get(session_id)
+        previous = self.last_arrival.pop(session_id, None)
         self.last_arrival[session_id] = arrived
+        if len(self.last_arrival) > MAX_SESSIONS:
+            self.last_arrival.popitem(last=False)
         gap = 0.0 if previous is None else max(0.0, arrived - previous)
         record = TurnRecord(turn.new_tokens, turn.prompt_tokens, turn.cached_tokens, turn.output_tokens, gap,
                             turn.phase)
