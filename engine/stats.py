@@ -44,6 +44,8 @@ class EngineStats:
     workers: dict[str, int] = field(default_factory=dict)  # role -> count
     alerts: dict[str, int] = field(default_factory=dict)  # capacity alert -> 1 while firing
     role_moves: int = 0  # cumulative role changes the capacity controller made
+    capacity_target: dict[str, int] = field(default_factory=dict)  # role -> workers the last decision wanted
+    last_move_at: float | None = None  # unix seconds of the controller's latest move
 
     @classmethod
     def total(cls, parts: list[EngineStats], workers: dict[str, int]) -> EngineStats:

@@ -69,6 +69,8 @@ class Gauges:
     kv_usage: Gauge
     kv_blocks_free: Gauge
     capacity_alerts: Gauge
+    capacity_target: Gauge
+    capacity_last_move: Gauge
 
 
 def _histograms(registry: CollectorRegistry) -> Histograms:
@@ -117,7 +119,11 @@ def _gauges(registry: CollectorRegistry) -> Gauges:
         workers=gauge("num_workers", "Engine workers by role.", ("role",)),
         kv_usage=gauge("kv_cache_usage_perc", "KV cache usage as a fraction: 0 is empty, 1 is full."),
         kv_blocks_free=gauge("kv_blocks_free", "Free KV cache blocks."),
-        capacity_alerts=gauge("capacity_alert", "1 while a capacity inflection alert fires.", ("alert",)))
+        capacity_alerts=gauge("capacity_alert", "1 while a capacity inflection alert fires.", ("alert",)),
+        capacity_target=gauge("capacity_target_workers", "Workers per role the capacity controller's last decision "
+                              "wants.", ("role",)),
+        capacity_last_move=gauge("capacity_last_move_timestamp_seconds", "Unix time of the capacity controller's "
+                                 "latest move."))
 
 
 @dataclass
@@ -222,6 +228,10 @@ class Metrics:
         for alert, firing in stats.alerts.items():
             self.gauges.capacity_alerts.labels(alert).set(firing)
         self.counters.role_moves.inc(self._moves.delta(source, stats.role_moves))
+        for role, count in stats.capacity_target.items():
+            self.gauges.capacity_target.labels(role).set(count)
+        if stats.last_move_at is not None:
+            self.gauges.capacity_last_move.set(stats.last_move_at)
         self.counters.prefix_cache_queries.inc(self._queries.delta(source, stats.prefix_cache_queries))
         self.counters.prefix_cache_hits.inc(self._hits.delta(source, stats.prefix_cache_hits))
 

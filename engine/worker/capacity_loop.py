@@ -7,6 +7,7 @@ inflection alerts. Its decisions, moves, confirmations, shifts and alerts go to 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -48,6 +49,7 @@ class CapacityLoop:
         self.last_tick: float | None = None
         self.last_decision: Decision | None = None
         self.moves = 0
+        self.last_move_at: float | None = None  # wall clock, for /metrics
 
     def tick(self, now: float, force: bool = False) -> None:
         if not force and self.last_tick is not None and now - self.last_tick < self.settings.interval_s:
@@ -62,6 +64,7 @@ class CapacityLoop:
             self.set_role(move.worker_id, move.role)
             self.events.move(now, move.worker_id, move.role)
             self.moves += 1
+            self.last_move_at = time.time()
         self._alerts(now)
 
     def _new_shift(self, now: float) -> Shift | None:
@@ -105,6 +108,10 @@ class CapacityLoop:
     def unpin(self, now: float) -> None:
         self.policy.unpin()
         self.tick(now, force=True)
+
+    def target(self) -> dict[str, int]:
+        decision = self.last_decision
+        return {} if decision is None else {m.PREFILL: decision.prefill, m.DECODE: decision.decode}
 
     def report(self) -> dict[str, JsonValue]:
         alive = [w for w in self.workers if w.alive]

@@ -250,7 +250,8 @@ class DisaggregatedEngine:
         alive = [w for w in self.workers if w.alive]
         roles = {role: sum(w.role == role for w in alive) for role in (m.PREFILL, m.DECODE)}
         return replace(EngineStats.total([w.stats for w in alive], roles), alerts=self.capacity.alerts.gauges(),
-                       role_moves=self.capacity.moves)
+                       role_moves=self.capacity.moves, capacity_target=self.capacity.target(),
+                       last_move_at=self.capacity.last_move_at)
 
     def inject_kv_fault(self, fault: str | None) -> None:
         """Failure testing only: make every prefill worker damage its KV transfers (None: stop)."""

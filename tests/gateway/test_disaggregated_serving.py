@@ -79,6 +79,8 @@ def test_admin_capacity_shows_and_pins_the_split(disaggregated: tuple[subprocess
     assert pinned["split"] == {"prefill": 0, "decode": 2} and pinned["pinned"] == {"prefill": 0, "decode": 2}
     assert [e["role"] for e in pinned["events"] if e["kind"] == "move"] == ["decode"]
     assert metric(url, "num_workers", role="decode") == 2
+    assert metric(url, "capacity_target_workers", role="decode") == 2
+    assert metric(url, "capacity_role_moves_total") >= 1 and metric(url, "capacity_last_move_timestamp_seconds") > 0
     released = httpx.post(f"{url}/admin/capacity", json={"unpin": True}).json()
     assert released["pinned"] is None
     for bad in ({"prefill": 1}, {"prefill": 1, "decode": 1, "unpin": True}, {"prefill": -1, "decode": 2},

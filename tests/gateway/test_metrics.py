@@ -129,7 +129,8 @@ def test_sync_engine_sets_gauges_and_turns_totals_into_increments() -> None:
     for _ in range(2):
         metrics.sync_engine(EngineStats(running=1, waiting=0, kv_usage=0.5, kv_blocks_free=64,
                                         prefix_cache_queries=150, prefix_cache_hits=90,
-                                        workers={"prefill": 1, "decode": 3}, alerts={"kv_hit_ratio": 0}, role_moves=4))
+                                        workers={"prefill": 1, "decode": 3}, alerts={"kv_hit_ratio": 0}, role_moves=4,
+                                        capacity_target={"prefill": 1, "decode": 3}, last_move_at=1700000000.5))
     _, samples = scrape(metrics)
     assert value(samples, "num_requests_running") == 1
     assert value(samples, "num_requests_waiting") == 0
@@ -142,6 +143,8 @@ def test_sync_engine_sets_gauges_and_turns_totals_into_increments() -> None:
     assert value(samples, "capacity_alert", alert="kv_hit_ratio") == 0
     assert value(samples, "capacity_alert", alert="retransmits") == 0
     assert value(samples, "capacity_role_moves_total") == 4
+    assert value(samples, "capacity_target_workers", role="decode") == 3
+    assert value(samples, "capacity_last_move_timestamp_seconds") == 1700000000.5
 
 
 def test_sync_engine_survives_an_engine_restart_and_several_sources() -> None:
