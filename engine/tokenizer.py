@@ -52,7 +52,7 @@ class SentencePieceTokenizer:
                    _special_token_id(model_dir, "eos", token_to_id))
 
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
-        ids = self._encode_escaping_meta_space(text)
+        ids = self._encode_escaping_meta_space(encodable(text))
         return _with_bos(ids, self.bos_token_id if add_bos else None)
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -67,6 +67,16 @@ class SentencePieceTokenizer:
             ids += self._meta_space_ids
             ids += self._sp.encode(part)
         return ids
+
+
+def encodable(text: str) -> str:
+    """The text with lone surrogates (valid in JSON escapes, not in UTF-8) replaced by '?', as tokenizers
+    need UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
 
 
 class HFTokenizer:
@@ -86,7 +96,7 @@ class HFTokenizer:
                    _special_token_id(model_dir, "eos", tokenizer.token_to_id))
 
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=False).ids
+        ids = self._tok.encode(encodable(text), add_special_tokens=False).ids
         return _with_bos(ids, self.bos_token_id if add_bos else None)
 
     def decode(self, ids: Sequence[int]) -> str:

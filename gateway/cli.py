@@ -176,6 +176,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(EXIT_BAD_INPUT)
     except KeyboardInterrupt:
         sys.exit(130)
+    except BrokenPipeError:  # `agentserve ... | head`: the reader is gone, nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at interpreter exit
+        sys.exit(141)
 
 
 if __name__ == "__main__":

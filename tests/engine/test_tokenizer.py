@@ -158,3 +158,8 @@ def _load_script(path: Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_lone_surrogates_from_json_become_replacement_marks(builtin: Tokenizer) -> None:
+    text = json.loads('"run \\ud83d the tests"')  # a JSON escape of half a surrogate pair: valid JSON, no UTF-8
+    assert builtin.encode(text) == builtin.encode("run ? the tests")

@@ -190,3 +190,11 @@ def test_a_client_gone_before_a_non_streaming_reply_aborts_it(gateway: tuple[Fas
     assert wait_for(lambda: app.state.gateway.in_flight == 0)
     assert engine.scheduler.pins.stats.pinned == 0
     assert len(engine.kv.pool.cached) - cached_before < 60  # aborted: not the ~120 full blocks of 1900 tokens
+
+
+def test_a_lone_surrogate_in_a_message_is_replaced_not_a_crash(gateway: tuple[FastAPI, str]) -> None:
+    _, url = gateway
+    body = '{"model": "tiny", "messages": [{"role": "user", "content": "emoji half \\ud83d here"}], "max_tokens": 2}'
+    response = httpx.post(f"{url}/v1/chat/completions", content=body, headers={"content-type": "application/json"},
+                          timeout=30)
+    assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 2
