@@ -106,8 +106,10 @@ def write(out: Path, args: argparse.Namespace, workload: SwingWorkload, results:
             "timeline": results["controller"].timeline, "windows": results["controller"].window_starts}
     tables = [_latency_table(summaries, ranked), _shift_table(shifts)]
     timeline = results["controller"].timeline
-    chart = LineChart("role_timeline.png", "Prefill workers over the swing (controller on)", "seconds",
-                      "prefill workers", [t for t, _ in timeline], {"prefill workers": [n for _, n in timeline]})
+    chart = LineChart("role_timeline.png", "Prefill workers and think share over the swing (controller on)",
+                      "seconds", "prefill workers / think share x workers", [t for t, _, _ in timeline],
+                      {"prefill workers": [n for _, n, _ in timeline],
+                       "think share x workers": [share * args.workers for _, _, share in timeline]})
     write_report(out, data, "Capacity controller: reallocation latency and p99 through a swing", tables, chart,
                  notes=[_goal_note(goal)])
 

@@ -57,7 +57,7 @@ class RunResult:
     window_starts: list[tuple[float, str]] = field(default_factory=list)  # (seconds from start, phase)
     shifts: list[tuple[float, str]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)  # the controller's, times from start
-    timeline: list[tuple[float, int]] = field(default_factory=list)  # (seconds from start, prefill workers)
+    timeline: list[tuple[float, int, float]] = field(default_factory=list)  # (s from start, prefill workers, think share)
     requests: int = 0
     finished: int = 0
 
@@ -108,7 +108,7 @@ def _drive(engine: DisaggregatedEngine, workload: SwingWorkload, progress: Calla
             shift = result.shifts[-1] if result.shifts else None
             engine.update_signals(AgentSignals(mix, shift[1] if shift else None,
                                                start + shift[0] if shift else None))
-            result.timeline.append((now - start, sum(w.role == "prefill" for w in engine.workers)))
+            result.timeline.append((now - start, sum(w.role == "prefill" for w in engine.workers), mix))
             last_push = now
     result.events = [{**event.detail, "kind": event.kind, "at": event.at - start}
                      for event in engine.capacity.events.events]

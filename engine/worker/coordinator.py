@@ -97,7 +97,7 @@ class DisaggregatedEngine:
             tracked.worker_ids = {placement.decode_worker}
             return
         prefill, decode = self.workers[placement.prefill_worker], self.workers[placement.decode_worker]
-        prefill.send(replace(submit, decode_address=decode.kv_address))
+        prefill.send(replace(submit, decode_address=decode.kv_addresses[prefill.worker_id]))
         tracked.worker_ids = {prefill.worker_id}
         prefill.pending_decode[tracked.attempt_id] = decode.worker_id
 

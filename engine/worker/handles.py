@@ -25,7 +25,7 @@ class WorkerHandle:
     role: str
     process: SpawnProcess
     conn: Connection
-    kv_address: str = ""
+    kv_addresses: dict[int, str] = field(default_factory=dict)  # sending worker id -> address here
     clock_offset_s: float = 0.0  # worker clock minus ours
     alive: bool = True
     pending_decode: dict[str, int] = field(default_factory=dict)  # attempt id -> decode worker, while prefilling
@@ -39,7 +39,8 @@ class WorkerHandle:
 def start_workers(context: SpawnContext, model: str, settings: EngineSettings,
                   deployment: DeploymentSettings) -> list[WorkerHandle]:
     roles = [m.PREFILL] * deployment.prefill + [m.DECODE] * deployment.decode
-    handles = [_spawn(context, index, role, model, settings, deployment) for index, role in enumerate(roles)]
+    handles = [_spawn(context, index, role, model, settings, deployment, len(roles))
+               for index, role in enumerate(roles)]
     try:
         for handle in handles:
             _handshake(handle, deployment)
@@ -50,10 +51,11 @@ def start_workers(context: SpawnContext, model: str, settings: EngineSettings,
 
 
 def _spawn(context: SpawnContext, index: int, role: str, model: str, settings: EngineSettings,
-           deployment: DeploymentSettings) -> WorkerHandle:
+           deployment: DeploymentSettings, num_workers: int) -> WorkerHandle:
     ours, theirs = context.Pipe()
     spec = WorkerSpec(index, model, settings, deployment.transport, role, deployment.threads_per_worker,
-                      deployment.kv_timeout_s, deployment.kv_fault if role == m.PREFILL else None)
+                      deployment.kv_timeout_s, deployment.kv_fault if role == m.PREFILL else None,
+                      peers=tuple(peer for peer in range(num_workers) if peer != index))
     process = context.Process(target=run_worker, args=(spec, theirs), name=f"agentserve-worker-{index}",
                               daemon=True)
     process.start()
@@ -67,7 +69,7 @@ def _handshake(handle: WorkerHandle, deployment: DeploymentSettings) -> None:
     ready = handle.conn.recv()
     if not isinstance(ready, m.Ready):
         raise RuntimeError(f"worker {handle.worker_id} started with {ready!r} instead of a ready message")
-    handle.kv_address = ready.kv_address
+    handle.kv_addresses = ready.kv_addresses
     handle.clock_offset_s = estimate_clock_offset(handle.conn)
     if abs(handle.clock_offset_s) > deployment.clock_offset_warn_s:
         log.warning("worker %d clock is %.3f ms off this process's", handle.worker_id, handle.clock_offset_s * 1e3)

@@ -80,7 +80,7 @@ class Ready:
     worker_id: int
     pid: int
     role: str
-    kv_address: str
+    kv_addresses: dict[int, str]  # peer worker id -> where that worker sends this one KV
 
 
 @dataclass

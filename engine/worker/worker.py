@@ -40,6 +40,7 @@ class WorkerSpec:
     kv_timeout_s: float
     kv_fault: str | None = None  # failure testing only: see kv_stream.FAULTS
     report_interval_s: float = 0.1  # how often a busy worker sends its Load
+    peers: tuple[int, ...] = ()  # the other workers: each gets a KV receiver of its own here
 
 
 def run_worker(spec: WorkerSpec, conn: Connection) -> None:
@@ -47,20 +48,23 @@ def run_worker(spec: WorkerSpec, conn: Connection) -> None:
     torch.set_num_threads(spec.num_threads)
     engine = LLMEngine(spec.model, spec.engine)
     transport = make_transport(spec.transport)
-    address, receiver = transport.listen()
-    worker = Worker(spec, engine, conn, receiver, LayerStreamer(engine, transport.connect, spec.kv_fault))
-    conn.send(m.Ready(spec.worker_id, os.getpid(), spec.role, address))
+    listening = {peer: transport.listen() for peer in spec.peers}  # a ring has one sender: one per peer
+    receivers = [receiver for _, receiver in listening.values()]
+    worker = Worker(spec, engine, conn, receivers, LayerStreamer(engine, transport.connect, spec.kv_fault))
+    addresses = {peer: address for peer, (address, _) in listening.items()}
+    conn.send(m.Ready(spec.worker_id, os.getpid(), spec.role, addresses))
     try:
         worker.loop()
     finally:
         worker.streamer.close()
-        receiver.close()
+        for receiver in receivers:
+            receiver.close()
 
 
 class Worker:
-    def __init__(self, spec: WorkerSpec, engine: LLMEngine, conn: Connection, receiver: KVReceiver,
+    def __init__(self, spec: WorkerSpec, engine: LLMEngine, conn: Connection, receivers: list[KVReceiver],
                  streamer: LayerStreamer) -> None:
-        self.spec, self.engine, self.conn, self.receiver, self.streamer = spec, engine, conn, receiver, streamer
+        self.spec, self.engine, self.conn, self.receivers, self.streamer = spec, engine, conn, receivers, streamer
         self.role = spec.role
         self.assembler = KVAssembler(engine.config.num_hidden_layers, engine.settings.block_size, spec.kv_timeout_s)
         self.stopping = False
@@ -134,9 +138,13 @@ class Worker:
             self.conn.send(m.Outputs([out]))
 
     def _receive_kv(self) -> None:
+        for receiver in self.receivers:
+            self._drain_receiver(receiver)
+
+    def _drain_receiver(self, receiver: KVReceiver) -> None:
         while True:
             try:
-                block = self.receiver.recv(0.0)
+                block = receiver.recv(0.0)
             except KVWireError as error:
                 self.assembler.reject(type(error).__name__)
                 continue

@@ -53,12 +53,15 @@ def test_a_scripted_swing_moves_roles_and_loses_nothing() -> None:
         run_phase(engine, ACT, ACT_PARAMS, "act", 0.1, outputs, finished)
         after_act = {w.worker_id: w.role for w in engine.workers}
         events = engine.capacity.report()["events"]
+        counters = engine.kv_counters().values()
     finally:
         engine.shutdown()
     assert list(after_think.values()).count(m.PREFILL) == 2, "the think shift moved a decode worker to prefill"
     assert list(after_act.values()).count(m.PREFILL) == 1, "the act shift moved it back"
     assert [e["kind"] for e in events].count("role_applied") >= 2  # type: ignore[index, union-attr]
     assert set(finished.values()) == {1}, "every request finished exactly once"
+    assert sum(c.received for c in counters) > 0
+    assert sum(c.timed_out + c.recomputed + c.rejected for c in counters) == 0, "every worker's KV reached its decoder"
     reference = LLMEngine("tiny", SETTINGS)
     expected = [c.token_ids for c in reference.generate(THINK, THINK_PARAMS) + reference.generate(ACT, ACT_PARAMS)]
     got = [outputs[f"think-{i}"] for i in range(len(THINK))] + [outputs[f"act-{i}"] for i in range(len(ACT))]
