@@ -57,7 +57,8 @@ class RunResult:
     window_starts: list[tuple[float, str]] = field(default_factory=list)  # (seconds from start, phase)
     shifts: list[tuple[float, str]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)  # the controller's, times from start
-    timeline: list[tuple[float, int, float]] = field(default_factory=list)  # (s from start, prefill workers, think share)
+    # (seconds from start, prefill workers, think share)
+    timeline: list[tuple[float, int, float]] = field(default_factory=list)
     requests: int = 0
     finished: int = 0
 
