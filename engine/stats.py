@@ -20,12 +20,14 @@ class StepTimer:
     def observe(self, seconds: float, prefill_tokens: int) -> None:
         if prefill_tokens:
             rate = prefill_tokens / max(seconds, 1e-9)
-            self.prefill_tokens_per_s = self._ema(self.prefill_tokens_per_s, rate)
+            self.prefill_tokens_per_s = ema(self.prefill_tokens_per_s, rate, self.alpha)
         else:
-            self.decode_step_s = self._ema(self.decode_step_s, seconds)
+            self.decode_step_s = ema(self.decode_step_s, seconds, self.alpha)
 
-    def _ema(self, old: float, new: float) -> float:
-        return new if old == 0.0 else (1 - self.alpha) * old + self.alpha * new
+
+def ema(old: float, new: float, alpha: float) -> float:
+    """An exponential moving average step; 0 means nothing measured yet, so the first value is taken whole."""
+    return new if old == 0.0 else (1 - alpha) * old + alpha * new
 
 
 @dataclass

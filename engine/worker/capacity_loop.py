@@ -16,7 +16,7 @@ from engine.capacity.events import EventLog, JsonValue
 from engine.capacity.policy import CapacityPolicy, Decision
 from engine.capacity.settings import CapacitySettings
 from engine.capacity.signals import LoadSnapshot, Shift, WorkerLoad
-from engine.stats import AgentSignals
+from engine.stats import AgentSignals, ema
 from engine.worker import messages as m
 from engine.worker.handles import WorkerHandle
 
@@ -33,9 +33,8 @@ class RequestTimes:
     decode_s: float = 0.0
 
     def observe(self, prefill_s: float, decode_s: float) -> None:
-        first = self.prefill_s == 0.0
-        self.prefill_s = prefill_s if first else (1 - self.alpha) * self.prefill_s + self.alpha * prefill_s
-        self.decode_s = decode_s if first else (1 - self.alpha) * self.decode_s + self.alpha * decode_s
+        self.prefill_s = ema(self.prefill_s, prefill_s, self.alpha)
+        self.decode_s = ema(self.decode_s, decode_s, self.alpha)
 
 
 class CapacityLoop:

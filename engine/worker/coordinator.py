@@ -91,7 +91,6 @@ class DisaggregatedEngine:
         submit = m.Submit(tracked.attempt_id, tracked.token_ids, tracked.params,
                           tracked.masked_spans, session=tracked.session)
         if placement.prefill_worker is None:
-            tracked.local_prefill = True
             self.transfers.local_prefills += 1
             self.workers[placement.decode_worker].send(submit)
             tracked.worker_ids = {placement.decode_worker}

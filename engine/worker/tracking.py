@@ -23,7 +23,6 @@ class Tracked:
     skip: int = 0  # tokens a re-run regenerates that the caller already has
     skip_chars: int = 0
     attempt: int = 0
-    local_prefill: bool = False  # prefilled on its decode worker (conditional disaggregation)
     submitted_at: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
 
