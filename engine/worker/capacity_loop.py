@@ -46,6 +46,7 @@ class CapacityLoop:
         self.signals = AgentSignals()
         self.times = RequestTimes()
         self.last_tick: float | None = None
+        self.shift_seen_at: float | None = None  # detection time of the latest shift the policy was shown
         self.last_decision: Decision | None = None
         self.moves = 0
         self.last_move_at: float | None = None  # wall clock, for /metrics
@@ -53,7 +54,7 @@ class CapacityLoop:
     def tick(self, now: float, force: bool = False) -> None:
         if not force and self.last_tick is not None and now - self.last_tick < self.settings.interval_s:
             return
-        shift = self._new_shift(now)
+        shift = self._new_shift()
         self.last_tick = now
         snapshot = self.snapshot(now, shift)
         decision = self.policy.decide(snapshot)
@@ -66,10 +67,13 @@ class CapacityLoop:
             self.last_move_at = time.time()
         self._alerts(now)
 
-    def _new_shift(self, now: float) -> Shift | None:
+    def _new_shift(self) -> Shift | None:
+        """The latest shift's direction, the first time the policy sees it (shown once, not every tick)."""
         at, shift = self.signals.shift_at, self.signals.shift
-        fresh = at is not None and (self.last_tick is None or at > self.last_tick) and shift in ("think", "act")
-        return shift if fresh else None  # type: ignore[return-value]
+        if at is None or at == self.shift_seen_at or shift not in ("think", "act"):
+            return None
+        self.shift_seen_at = at
+        return "think" if shift == "think" else "act"
 
     def snapshot(self, now: float, shift: Shift | None = None) -> LoadSnapshot:
         alive = [w for w in self.workers if w.alive]
