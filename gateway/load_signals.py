@@ -69,12 +69,20 @@ class LoadSignals:
                  event.think_share_after)
         self._push(time.monotonic())
 
+    @property
+    def steered(self) -> bool:
+        """Whether the engine has a capacity controller to read the signals (a colocated one has none)."""
+        return self.engine.engine.capacity is not None
+
     def _push(self, now: float) -> None:
+        if not self.steered:  # nothing reads them: don't wake the engine thread for nothing
+            return
         signals = self.signals(now)
         self.engine.call(lambda engine: engine.update_signals(signals))
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        if self.steered:
+            self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
         while True:
