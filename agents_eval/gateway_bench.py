@@ -87,7 +87,7 @@ def _sessions(settings: GatewayBenchSettings, engine: LLMEngine) -> tuple[Sessio
 
     pairs = [pair(i, settings.turns, settings.seed + 1 + i) for i in range(settings.sessions)]
     warm = pair(999, min(WARM_UP_TURNS, settings.turns), settings.seed + 10_000)
-    template = load_chat_template(engine.checkpoint_dir)
+    template = load_chat_template(engine.checkpoint)
     longest = max(session_tokens(s, template, tokenizer, settings.max_tokens) for p in pairs for s in p)
     if longest > engine.max_model_len:
         raise ValueError(f"a {settings.turns}-turn session needs about {longest} tokens, more than the model's "

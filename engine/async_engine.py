@@ -47,7 +47,7 @@ class ServingEngine(Protocol):
     """What the gateway serves: the colocated `LLMEngine` or the `DisaggregatedEngine`."""
 
     tokenizer: Tokenizer | None
-    checkpoint_dir: Path | None
+    checkpoint: Path | None
     max_model_len: int
 
     @property

@@ -6,7 +6,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic_settings import (
@@ -139,3 +139,5 @@ class EngineSettings(YamlSettings):
     dtype: str = "float32"
     device: str = "cpu"
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
+    # A GGUF model's quantized matrices: dequantized at load (exact), or kept quantized (CPU int4/int8 kernels)
+    gguf_weights: Literal["dequantize", "quantized"] = "dequantize"

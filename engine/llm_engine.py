@@ -66,10 +66,10 @@ class LLMEngine:
         if settings.num_threads:
             torch.set_num_threads(settings.num_threads)
         dtype = getattr(torch, settings.dtype)
-        loaded = load_model(model, dtype, settings.device)
+        loaded = load_model(model, dtype, settings.device, settings.gguf_weights)
         self.config = loaded.config
-        self.checkpoint_dir = loaded.checkpoint_dir
-        self.tokenizer = load_tokenizer_or_none(loaded.checkpoint_dir)
+        self.checkpoint = loaded.checkpoint
+        self.tokenizer = load_tokenizer_or_none(loaded.checkpoint)
         self.max_model_len = self.config.max_position_embeddings
         self.num_blocks = num_kv_blocks(self.config, settings)
         self.validator = RequestValidator(self.config, self.tokenizer, settings.block_size, self.num_blocks)

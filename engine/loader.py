@@ -1,4 +1,5 @@
-"""Build a model: a built-in YAML config with seeded random weights, or a local Hugging Face checkpoint."""
+"""Build a model: a built-in YAML config with seeded random weights, a built-in or local GGUF file, or a local
+Hugging Face checkpoint directory."""
 
 from __future__ import annotations
 
@@ -6,16 +7,23 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 import torch
+import yaml
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from engine.config import MODELS_DIR, ModelConfig
+from engine.gguf.package import PackagedGGUF, PackagedModelError
+from engine.gguf.quantized import keeps_quantized, quantized_linear
+from engine.gguf.reader import GGUFError, GGUFModel, read_config, read_gguf
 from engine.model import LlamaForCausalLM
 
 INDEX_FILE = "model.safetensors.index.json"
 DROPPED_SUFFIXES = ("rotary_emb.inv_freq",)
+GGUF_SUFFIX = ".gguf"
+GGUFWeights = Literal["dequantize", "quantized"]
 
 
 class ModelLoadError(ValueError):
@@ -26,27 +34,107 @@ class ModelLoadError(ValueError):
 class LoadedModel:
     config: ModelConfig
     model: LlamaForCausalLM
-    checkpoint_dir: Path | None
+    checkpoint: Path | None  # a checkpoint directory or a GGUF file; None: random weights
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model comes from, known without its weights."""
+
+    config: ModelConfig
+    checkpoint: Path | None
+
+    @property
+    def is_gguf(self) -> bool:
+        return self.checkpoint is not None and self.checkpoint.suffix == GGUF_SUFFIX
 
 
 def builtin_model_names() -> list[str]:
     return sorted(path.stem for path in MODELS_DIR.glob("*.yaml"))
 
 
-def load_model(name_or_path: str, dtype: torch.dtype = torch.float32,
-               device: torch.device | str = "cpu") -> LoadedModel:
+def builtin_gguf(name: str) -> Path:
+    """The GGUF file of a built-in model that names one (checked against its sha256)."""
+    spec = _builtin_yaml(name).get("gguf")
+    if spec is None:
+        raise ModelLoadError(f"built-in model {name!r} has no GGUF file")
+    try:
+        return PackagedGGUF.from_dict(spec).locate()
+    except PackagedModelError as err:
+        raise ModelLoadError(f"built-in model {name!r}: {err}") from err
+
+
+def resolve_model(name_or_path: str) -> ModelSource:
+    """A built-in model's or a checkpoint's config and file, without loading weights."""
     names = builtin_model_names()
     if name_or_path in names:
-        config = ModelConfig.from_yaml(MODELS_DIR / f"{name_or_path}.yaml")
-        model = _assemble(config, random_weights(config), dtype, device)
-        return LoadedModel(config, model, None)
-    directory = Path(name_or_path)
-    if not directory.is_dir():
-        raise ModelLoadError(f"unknown model {name_or_path!r}: not a built-in model ({', '.join(names)}) "
-                             "and not a checkpoint directory")
-    config = read_hf_config(directory)
-    model = _assemble(config, read_safetensors(directory), dtype, device)
-    return LoadedModel(config, model, directory)
+        if "gguf" in _builtin_yaml(name_or_path):
+            return _gguf_source(builtin_gguf(name_or_path))
+        return ModelSource(ModelConfig.from_yaml(MODELS_DIR / f"{name_or_path}.yaml"), None)
+    path = Path(name_or_path)
+    if path.is_file() and path.suffix == GGUF_SUFFIX:
+        return _gguf_source(path)
+    if not path.is_dir():
+        raise ModelLoadError(f"unknown model {name_or_path!r}: not a built-in model ({', '.join(names)}), "
+                             "a GGUF file or a checkpoint directory")
+    return ModelSource(read_hf_config(path), path)
+
+
+def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+               gguf_weights: GGUFWeights = "dequantize") -> LoadedModel:
+    """`gguf_weights="quantized"` keeps a GGUF file's quantized matrices quantized (CPU kernels)."""
+    source = resolve_model(name_or_path)
+    config, checkpoint = source.config, source.checkpoint
+    if checkpoint is None:
+        return LoadedModel(config, _assemble(config, random_weights(config), dtype, device), None)
+    if not source.is_gguf:
+        return LoadedModel(config, _assemble(config, read_safetensors(checkpoint), dtype, device), checkpoint)
+    gguf = _read_gguf(checkpoint)
+    model = _assemble(config, {name: t.dequantize() for name, t in gguf.tensors.items()}, dtype, device)
+    if gguf_weights == "quantized":
+        _keep_quantized(model, gguf, device)
+    return LoadedModel(config, model, checkpoint)
+
+
+def _bias(module: torch.nn.Module) -> torch.Tensor | None:
+    bias = getattr(module, "bias", None)
+    return None if bias is None else bias.detach()
+
+
+def _builtin_yaml(name: str) -> dict[str, Any]:
+    data = yaml.safe_load((MODELS_DIR / f"{name}.yaml").read_text())
+    return data if isinstance(data, dict) else {}
+
+
+def _gguf_source(path: Path) -> ModelSource:
+    try:
+        return ModelSource(read_config(path), path)
+    except GGUFError as err:
+        raise ModelLoadError(str(err)) from err
+
+
+def _read_gguf(path: Path) -> GGUFModel:
+    try:
+        return read_gguf(path)
+    except GGUFError as err:
+        raise ModelLoadError(str(err)) from err
+
+
+def _keep_quantized(model: LlamaForCausalLM, gguf: GGUFModel, device: torch.device | str) -> None:
+    """Swap each linear layer whose GGUF weight is quantized for one that keeps it so (the tied output
+    projection too: it gets its own quantized copy of the embedding)."""
+    if torch.device(device).type != "cpu":
+        raise ModelLoadError(f"quantized GGUF weights run on the CPU kernels only, not on {device}")
+    for name, tensor in gguf.tensors.items():
+        module_name = name.removesuffix(".weight")
+        if not name.endswith(".weight") or not keeps_quantized(tensor) or "embed_tokens" in name:
+            continue
+        module = model.get_submodule(module_name)
+        parent_name, _, child = module_name.rpartition(".")
+        model.get_submodule(parent_name).register_module(child, quantized_linear(tensor, _bias(module)))
+    embedding = gguf.tensors["model.embed_tokens.weight"]
+    if model.config.tie_word_embeddings and keeps_quantized(embedding):
+        model.lm_head = quantized_linear(embedding, None)  # type: ignore[assignment]
 
 
 def read_hf_config(directory: Path) -> ModelConfig:

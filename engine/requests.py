@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from engine.config import MODELS_DIR, EngineSettings, ModelConfig
-from engine.loader import ModelLoadError, builtin_model_names, read_hf_config
+from engine.config import EngineSettings, ModelConfig
+from engine.loader import resolve_model
 from engine.sampling import RequestError, SamplingParams
 from engine.tokenizer import Tokenizer, TokenizerNotFoundError, load_tokenizer
 
@@ -32,20 +32,15 @@ def num_kv_blocks(config: ModelConfig, settings: EngineSettings) -> int:
 
 
 def read_model_config(name_or_path: str) -> tuple[ModelConfig, Path | None]:
-    """A built-in model's or a checkpoint's config, without loading weights."""
-    if name_or_path in builtin_model_names():
-        return ModelConfig.from_yaml(MODELS_DIR / f"{name_or_path}.yaml"), None
-    directory = Path(name_or_path)
-    if not directory.is_dir():
-        raise ModelLoadError(f"unknown model {name_or_path!r}: not a built-in model "
-                             f"({', '.join(builtin_model_names())}) and not a checkpoint directory")
-    return read_hf_config(directory), directory
+    """A built-in model's or a checkpoint's config and checkpoint (directory or GGUF file), without weights."""
+    source = resolve_model(name_or_path)
+    return source.config, source.checkpoint
 
 
-def load_tokenizer_or_none(checkpoint_dir: Path | None) -> Tokenizer | None:
+def load_tokenizer_or_none(checkpoint: Path | None) -> Tokenizer | None:
     """A checkpoint without tokenizer files still serves token ids (vLLM's skip_tokenizer_init)."""
     try:
-        return load_tokenizer(checkpoint_dir)
+        return load_tokenizer(checkpoint)
     except TokenizerNotFoundError:
         return None
 

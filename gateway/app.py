@@ -43,7 +43,7 @@ def build_engine(settings: GatewaySettings) -> ServingEngine:
 def build_state(settings: GatewaySettings, engine: ServingEngine) -> GatewayState:
     if engine.tokenizer is None:
         raise ValueError(f"model {settings.model} has no tokenizer; the gateway needs one to serve chat")
-    template = load_chat_template(engine.checkpoint_dir)
+    template = load_chat_template(engine.checkpoint)
     store = open_session_store(settings.redis_url)
     sessions = SessionManager(store, template, engine.tokenizer, Policies.load(), settings.session_ttl_s)
     limits = settings.limits

@@ -71,7 +71,7 @@ def make_hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> MakeCheckpoi
 
 @pytest.fixture(scope="session")
 def load_hf_reference() -> Callable[[Path], torch.nn.Module]:
-    """`load_hf_reference(checkpoint_dir)`: the `transformers` model, float32, eval mode, eager attention."""
+    """`load_hf_reference(checkpoint)`: the `transformers` model, float32, eval mode, eager attention."""
     loaded: dict[Path, torch.nn.Module] = {}
 
     def load(directory: Path) -> torch.nn.Module:

@@ -46,9 +46,9 @@ class DisaggregatedEngine:
         self.settings = settings or EngineSettings()
         self.deployment = deployment or DeploymentSettings()
         capacity = capacity or CapacitySettings()
-        self.config, self.checkpoint_dir = read_model_config(model)
+        self.config, self.checkpoint = read_model_config(model)
         self.max_model_len = self.config.max_position_embeddings
-        self.tokenizer = load_tokenizer_or_none(self.checkpoint_dir)
+        self.tokenizer = load_tokenizer_or_none(self.checkpoint)
         self.validator = RequestValidator(self.config, self.tokenizer, self.settings.block_size,
                                           num_kv_blocks(self.config, self.settings))
         self.workers = start_workers(mp.get_context("spawn"), model, self.settings, self.deployment)

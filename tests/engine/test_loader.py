@@ -38,7 +38,7 @@ def test_builtin_names() -> None:
 
 def test_tiny_weights_are_deterministic() -> None:
     first, second = load_model("tiny"), load_model("tiny")
-    assert first.checkpoint_dir is None
+    assert first.checkpoint is None
     assert first.config.vocab_size == 4096 and first.config.eos_token_ids == (2,)
     one, two = first.model.state_dict(), second.model.state_dict()
     assert all(torch.equal(one[name], two[name]) for name in one)

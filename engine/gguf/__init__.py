@@ -1,0 +1,1 @@
+"""GGUF model files: weights, config, tokenizer and chat template read from the file alone."""
