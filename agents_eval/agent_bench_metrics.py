@@ -18,7 +18,6 @@ from prometheus_client.parser import text_string_to_metric_families
 COUNTERS = ("prompt_tokens", "cached_tokens", "generation_tokens", "prefix_cache_queries", "prefix_cache_hits",
             "pruned_tokens", "masked_tokens")
 QUANTILES = {"p50": 50.0, "p90": 90.0, "p99": 99.0}
-SECONDS_PER_HOUR = 3600.0
 
 
 @dataclass(frozen=True)
@@ -100,13 +99,6 @@ def per_second(count: float, window_s: float) -> float:
     return count / window_s if window_s > 0 else 0.0
 
 
-def cost_per_1k_tokens(price_per_worker_hour: float, workers: int, wall_s: float, tokens: int) -> float:
-    """Dollars per 1,000 tokens: the price of `workers` for `wall_s` seconds, spread over `tokens`."""
-    if tokens <= 0:
-        return math.nan
-    return price_per_worker_hour * workers * wall_s / SECONDS_PER_HOUR / tokens * 1000.0
-
-
 def ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator else math.nan
 
@@ -149,9 +141,8 @@ def latency_figures(records: Sequence[RequestRecord]) -> dict[str, dict[str, flo
     return {name: quantiles(_values(records, f"{name}_s")) for name in ("ttft", "tpot", "e2e")}
 
 
-def summarize(records: Sequence[RequestRecord], slo: Slo, workers: int, price_per_worker_hour: float,
-              deltas: Mapping[str, float]) -> dict[str, Any]:
-    """Every figure of one configuration's measured run."""
+def summarize(records: Sequence[RequestRecord], slo: Slo, deltas: Mapping[str, float]) -> dict[str, Any]:
+    """Every figure of one configuration's measured run but its cost (`agent_bench_cost`)."""
     window = measured_window_s(records)
     finished = [r for r in records if r.ok]
     prompt, output = sum(r.prompt_tokens for r in finished), sum(r.output_tokens for r in finished)
@@ -166,7 +157,5 @@ def summarize(records: Sequence[RequestRecord], slo: Slo, workers: int, price_pe
         "p50_latency_s": latency["e2e"]["p50"], "p99_latency_s": latency["e2e"]["p99"],
         "latency": latency,
         "prompt_tokens": prompt, "cached_tokens": sum(r.cached_tokens for r in finished), "output_tokens": output,
-        "workers": workers,
-        "cost_per_1k_tokens": cost_per_1k_tokens(price_per_worker_hour, workers, window, prompt + output),
         **cache_figures(deltas),
     }

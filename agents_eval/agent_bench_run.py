@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agents_eval.agent_bench_client import ChatSession, HttpPool, SessionClient, WsSession
-from agents_eval.agent_bench_driver import OpenSession, RunLimits, SessionLike, WorkloadLike, drive
+from agents_eval.agent_bench_driver import OpenSession, RunLimits, SessionLike, WorkloadLike, drive, planned_requests
 from agents_eval.agent_bench_gateway import (
     COMMON_ENV,
     SESSION_CLIENT,
@@ -64,6 +65,39 @@ class PointResult:
     @property
     def workers(self) -> int:
         return sum(self.capacity["split"].values()) or 1
+
+
+@dataclass(frozen=True)
+class Point:
+    """One configuration measured at one offered rate."""
+
+    config: str
+    tag: str  # "x<fraction of --rate>", or "probe<n>" of the SLO-rate search
+    offered_rate: float  # sessions/s
+    result: PointResult
+    headline: bool = False  # the configuration's figures in the table: at --rate, or at its SLO rate
+
+
+def progress_display() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[note]}"), TimeElapsedColumn())
+
+
+def measure_point(config: str, tag: str, rate: float, workload: WorkloadLike, options: RunOptions, out_dir: Path,
+                  progress: Progress) -> Point:
+    """One point on a fresh gateway, its requests on a progress bar; the log in `logs/gateway-<config>-<tag>.log`."""
+    task = progress.add_task(f"{config} @ {rate:.3g} sessions/s", total=planned_requests(workload, options.limits),
+                             note="errors 0")
+    errors = 0
+
+    def on_record(record: RequestRecord) -> None:
+        nonlocal errors
+        errors += not record.ok
+        progress.update(task, advance=1, note=f"errors {errors}")
+
+    result = run_point(config, workload, options, out_dir / "logs" / f"gateway-{config}-{tag}.log", on_record)
+    progress.update(task, total=len(result.records), completed=len(result.records))
+    return Point(config, tag, rate, result)
 
 
 def gateway_env(config: str, user_env: Mapping[str, str]) -> dict[str, str]:

@@ -6,13 +6,11 @@ from __future__ import annotations
 import importlib
 import inspect
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from agents_eval.workloads.types import APPEND, Workload
-from engine.config import MODELS_DIR, ModelConfig
-from engine.loader import builtin_model_names, read_hf_config
+from engine.loader import resolve_model
 from engine.tokenizer import Tokenizer, load_tokenizer
 
 WORKLOADS = ("mooncake", "webarena", "swe")
@@ -54,10 +52,9 @@ def session_rate(workload: Workload, duration_s: float) -> float:
 
 def model_context(model: str) -> tuple[Tokenizer | None, int]:
     """The model's tokenizer (None: the built-in one) and context length, without loading its weights."""
-    if model in builtin_model_names():
-        return None, ModelConfig.from_yaml(MODELS_DIR / f"{model}.yaml").max_position_embeddings
-    directory = Path(model)
-    return load_tokenizer(directory), read_hf_config(directory).max_position_embeddings
+    source = resolve_model(model)
+    tokenizer = None if source.checkpoint is None else load_tokenizer(source.checkpoint)
+    return tokenizer, source.config.max_position_embeddings
 
 
 def build_workload(options: WorkloadOptions, model: str, rate: float | None) -> Workload:

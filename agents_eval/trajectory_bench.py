@@ -127,7 +127,7 @@ class _Run:
     def synthetic(self) -> tuple[list[SessionRun], PinStats, EngineFacts]:
         engine = self.engine(prefix_caching=True)
         workload = SessionWorkload(self.settings.sessions, self.settings.turns, self.settings.seed,
-                                   load_chat_template(_checkpoint(self.settings.model)), _tokenizer(engine),
+                                   load_chat_template(engine.checkpoint), _tokenizer(engine),
                                    Policies.load())
         advance = self.phase("synthetic sessions, turn-delta reuse", workload.sessions * workload.turns)
         return run_sessions(engine, workload, advance), engine.scheduler.pins.stats, EngineFacts.of(engine)
@@ -163,10 +163,6 @@ class _Run:
         script = PhaseScript(self.settings.phase_sessions, self.settings.phase_segment_s)
         advance = self.phase("phase swings", len(script.think_shares))
         return run_phase_swings(script, policies.phase, self.settings.seed, advance)
-
-
-def _checkpoint(model: str) -> Path | None:
-    return Path(model) if Path(model).is_dir() else None
 
 
 def _tokenizer(engine: LLMEngine) -> Tokenizer:

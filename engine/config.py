@@ -141,3 +141,5 @@ class EngineSettings(YamlSettings):
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
     # A GGUF model's quantized matrices: dequantized at load (exact), or kept quantized (CPU int4/int8 kernels)
     gguf_weights: Literal["dequantize", "quantized"] = "dequantize"
+    # Queue order: fcfs (arrival order) or slo (VIP, TTFT deadline and session fairness; see engine/batcher.py)
+    queue_policy: Literal["fcfs", "slo"] = "fcfs"

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from engine.batcher import make_queue_policy
 from engine.block_manager import HeldBlocks, KVCacheManager
 from engine.config import EngineSettings
 from engine.loader import load_model
@@ -22,6 +23,7 @@ from engine.requests import Prompt, RequestValidator, load_tokenizer_or_none, nu
 from engine.sampling import RequestError, SamplingParams, TokenLogprob
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import Sequence, SessionRef
+from engine.slo import SloConfig, load_slo_config
 from engine.stats import AgentSignals, EngineStats, StepTimer, queue_stats
 
 if TYPE_CHECKING:
@@ -61,7 +63,7 @@ class Prefilled:
 
 
 class LLMEngine:
-    def __init__(self, model: str, settings: EngineSettings | None = None) -> None:
+    def __init__(self, model: str, settings: EngineSettings | None = None, slo: SloConfig | None = None) -> None:
         self.settings = settings = settings or EngineSettings()
         if settings.num_threads:
             torch.set_num_threads(settings.num_threads)
@@ -74,7 +76,9 @@ class LLMEngine:
         self.num_blocks = num_kv_blocks(self.config, settings)
         self.validator = RequestValidator(self.config, self.tokenizer, settings.block_size, self.num_blocks)
         self.kv = KVCacheManager(self.num_blocks, settings.block_size, settings.enable_prefix_caching)
-        self.scheduler = Scheduler(self.kv, settings.max_num_batched_tokens, settings.max_num_seqs)
+        self.slo = slo or load_slo_config()
+        self.scheduler = Scheduler(self.kv, settings.max_num_batched_tokens, settings.max_num_seqs,
+                                   policy=make_queue_policy(settings.queue_policy, self.slo))
         self.runner = ModelRunner(loaded.model, self.config, self.num_blocks, settings.block_size, dtype,
                                   settings.device)
         eos = self.config.eos_token_ids or _tuple(self.tokenizer.eos_token_id if self.tokenizer else None)
@@ -90,6 +94,8 @@ class LLMEngine:
 
     def validate(self, prompt: Prompt, params: SamplingParams) -> list[int]:
         """Token ids of a valid request; RequestError naming the problem otherwise."""
+        if params.slo_class is not None and params.slo_class not in self.slo.classes:
+            raise RequestError(f"slo_class {params.slo_class!r} is not one of {sorted(self.slo.classes)}")
         return self.validator.validate(prompt, params)
 
     def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *,

@@ -134,7 +134,7 @@ def _keep_quantized(model: LlamaForCausalLM, gguf: GGUFModel, device: torch.devi
         model.get_submodule(parent_name).register_module(child, quantized_linear(tensor, _bias(module)))
     embedding = gguf.tensors["model.embed_tokens.weight"]
     if model.config.tie_word_embeddings and keeps_quantized(embedding):
-        model.lm_head = quantized_linear(embedding, None)  # type: ignore[assignment]
+        model.lm_head = quantized_linear(embedding, None)
 
 
 def read_hf_config(directory: Path) -> ModelConfig:

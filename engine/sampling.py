@@ -25,6 +25,7 @@ class SamplingParams:
     ignore_eos: bool = False
     return_logits: bool = False  # attach each step's logits to the outputs (parity checks, debugging)
     logprobs: int | None = None  # None: no logprobs; k: the sampled token's and the top k alternatives'
+    slo_class: str | None = None  # service class in configs/slo.yaml (queue order, deadlines); None: the default
 
     def validate(self) -> None:
         checks = [

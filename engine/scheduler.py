@@ -1,9 +1,10 @@
 """Continuous batching with chunked prefill under a per-step token budget; preemption by recompute.
 
 Pure policy: no torch. Every step, running requests come first (a decode costs one token of the budget,
-an unfinished prefill takes the next chunk), then waiting requests are admitted in arrival order while
-budget, sequence slots and KV blocks last. When a running request cannot grow, the most recently
-admitted running request is preempted: its blocks are freed and it waits again at the front, to be
+an unfinished prefill takes the next chunk), then waiting requests are admitted while budget, sequence
+slots and KV blocks last. The queue policy (see batcher) orders both queues first: FCFS keeps arrival
+order; SLO puts VIP and earliest deadline first. When a running request cannot grow, the last running
+request in that order is preempted: its blocks are freed and it waits again at the front, to be
 recomputed from its token ids (prompt and outputs so far). No request is ever dropped or duplicated.
 Session pins (see kv_pins) give way first: an expired pin is released every step, and a live non-VIP
 pin is released before any running request is preempted.
@@ -14,6 +15,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from engine.batcher import FcfsPolicy, QueuePolicy
 from engine.block_manager import BlockKeys, ExtraKeys, KVCacheBlocks, KVCacheManager
 from engine.kv_pins import SessionPins
 from engine.mask import block_keys
@@ -42,9 +44,10 @@ class ScheduledBatch:
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_batched_tokens: int, max_num_seqs: int,
-                 pins: SessionPins | None = None) -> None:
+                 pins: SessionPins | None = None, policy: QueuePolicy | None = None) -> None:
         self.kv = kv
         self.pins = pins or SessionPins(kv)
+        self.policy = policy or FcfsPolicy()
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.waiting: deque[Sequence] = deque()
@@ -65,9 +68,13 @@ class Scheduler:
     def schedule(self, now: float = 0.0) -> ScheduledBatch:
         self.pins.expire(now)
         batch = ScheduledBatch()
+        self.policy.order_running(self.running)
         budget = self._schedule_running(batch, self.max_num_batched_tokens)
         if not batch.preempted:
+            self.policy.order_waiting(self.waiting, now)
             self._schedule_waiting(batch, budget)
+        for seq, num_tokens in zip(batch.seqs, batch.num_new_tokens, strict=True):
+            self.policy.served(seq, num_tokens, now)
         return batch
 
     def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
@@ -83,7 +90,8 @@ class Scheduler:
         return budget
 
     def _grow_or_preempt(self, seq: Sequence, num_tokens: int, batch: ScheduledBatch) -> bool:
-        """Allocate room for seq, preempting from the tail of running; False if seq itself went."""
+        """Allocate room for seq, preempting from the tail of running (the lowest priority); False if seq
+        itself went."""
         while self._allocate(seq, seq.num_computed_tokens, num_tokens) is None:
             if self.pins.release_one_for_memory():
                 continue

@@ -15,6 +15,7 @@ HF_TOKENIZER_FILE = "tokenizer.json"
 SP_TOKENIZER_FILE = "tokenizer.model"
 SPECIAL_TOKEN_SOURCES = ("tokenizer_config.json", "special_tokens_map.json", "config.json")
 SP_META_SPACE = "\u2581"
+GGUF_SUFFIX = ".gguf"
 
 
 class TokenizerNotFoundError(ValueError):
@@ -104,16 +105,26 @@ class HFTokenizer:
 
 
 def load_tokenizer(model_dir: Path | None) -> Tokenizer:
-    """The checkpoint's tokenizer (tokenizer.json before tokenizer.model), or the built-in one for None."""
+    """The checkpoint directory's tokenizer (tokenizer.json before tokenizer.model), a GGUF file's (read from its
+    metadata), or the built-in one for None. A bad GGUF file raises `GGUFTokenizerError`, a ValueError."""
     if model_dir is None:
         return SentencePieceTokenizer.from_file(BUILTIN_MODEL)
     model_dir = Path(model_dir)
+    if is_gguf_path(model_dir):
+        from engine.gguf.tokenizer import load_gguf_tokenizer  # it builds on HFTokenizer, defined here
+
+        return load_gguf_tokenizer(model_dir)
     if (model_dir / HF_TOKENIZER_FILE).is_file():
         return HFTokenizer.from_dir(model_dir)
     if (model_dir / SP_TOKENIZER_FILE).is_file():
         return SentencePieceTokenizer.from_file(model_dir / SP_TOKENIZER_FILE, model_dir)
     raise TokenizerNotFoundError(
         f"no {HF_TOKENIZER_FILE} or {SP_TOKENIZER_FILE} in checkpoint directory {model_dir}")
+
+
+def is_gguf_path(path: Path) -> bool:
+    """A model given as a file (or a missing `.gguf` path) is a GGUF file; a directory is a checkpoint."""
+    return path.is_file() or (path.suffix == GGUF_SUFFIX and not path.is_dir())
 
 
 def _special_token_id(model_dir: Path, name: str, token_to_id: Callable[[str], int | None]) -> int | None:

@@ -32,13 +32,14 @@ class AuthError(Exception):
 
 
 class ApiKeyRecord(BaseModel):
-    """One configured key: `{name, sha256, priority, rate_limit, burst}`."""
+    """One configured key: `{name, sha256, priority, slo_class, rate_limit, burst}`."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(min_length=1)
     sha256: str = Field(pattern=r"^[0-9a-fA-F]{64}$")
     priority: Priority = "normal"
+    slo_class: str | None = None  # a class of configs/slo.yaml; None: the one named like priority
     rate_limit: float | None = Field(default=None, gt=0)  # requests per second; None: unlimited
     burst: int | None = Field(default=None, ge=1)  # bucket size; defaults to ceil(rate_limit), at least 1
 
@@ -67,6 +68,7 @@ class Principal:
     priority: Priority
     rate_limit: RateLimit | None
     authenticated: bool
+    slo_class: str | None = None  # the engine's service class for its requests; None: the engine's default
 
     @property
     def is_vip(self) -> bool:
@@ -99,7 +101,8 @@ def _rate_limit(record: ApiKeyRecord) -> RateLimit | None:
 
 
 def principal_for(record: ApiKeyRecord) -> Principal:
-    return Principal(record.name, record.priority, _rate_limit(record), authenticated=True)
+    return Principal(record.name, record.priority, _rate_limit(record), authenticated=True,
+                     slo_class=record.slo_class or record.priority)
 
 
 def bearer_token(authorization: str | None) -> str:

@@ -50,7 +50,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     session_id = x_session_id or (body.metadata or {}).get("session_id") or body.user
     writer = ChatStreamWriter(gw.model_name, bool(body.tools), body.n, gw.tokenizer.decode)
     usage = Usage()
-    events = _chat_events(gw, body, session_id, writer, usage, principal.is_vip)
+    events = _chat_events(gw, body, session_id, writer, usage, principal)
     if body.stream:
         return await sse_response(events, writer, usage if body.include_usage else None)
     await until_done_or_gone(drain(events), request)
@@ -58,13 +58,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
 
 
 async def _chat_events(gw: GatewayState, body: ChatCompletionRequest, session_id: str | None,
-                       writer: ChatStreamWriter, usage: Usage, vip: bool) -> AsyncIterator[Event]:
+                       writer: ChatStreamWriter, usage: Usage, principal: Principal) -> AsyncIterator[Event]:
     messages = [m.to_message() for m in body.messages]
     max_tokens = body.max_completion_tokens or body.max_tokens or gw.settings.default_max_tokens
-    params = [body.sampling_params(max_tokens, body.logprob_count(), i) for i in range(body.n)]
+    params = [body.sampling_params(max_tokens, body.logprob_count(), i, principal.slo_class) for i in range(body.n)]
     async with gw.sessions.open(session_id, body.tools) as turn:
         new = gw.sessions.new_messages(turn, messages) if turn.persistent else messages
-        turn.trajectory.vip = vip
+        turn.trajectory.vip = principal.is_vip
         plan = turn.trajectory.add_messages(new)
         session = plan.session if turn.persistent else None
         stats = turn_stats("chat", plan, turn.persistent)
@@ -78,12 +78,12 @@ async def _chat_events(gw: GatewayState, body: ChatCompletionRequest, session_id
 
 @router.post("/v1/completions", response_model=None)
 async def completions(body: CompletionRequest, request: Request,
-                      _: Principal = Depends(request_principal)) -> Response:
+                      principal: Principal = Depends(request_principal)) -> Response:
     gw = gateway_state(request)
     check_model(gw, body.model)
     token_ids = gw.engine.engine.tokenize(_completion_prompt(body.prompt))
     max_tokens = body.max_tokens or 16
-    params = [body.sampling_params(max_tokens, body.logprobs, i) for i in range(body.n)]
+    params = [body.sampling_params(max_tokens, body.logprobs, i, principal.slo_class) for i in range(body.n)]
     choices = [ChoiceResult(i) for i in range(body.n)]
     usage = Usage()
     created, completion_id = int(time.time()), f"cmpl-{uuid.uuid4().hex}"

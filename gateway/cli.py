@@ -39,7 +39,7 @@ def _prompt_ids(text: str) -> list[int]:
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="run one request through the engine and print the result")
-    p.add_argument("--model", default="small", help="built-in model name or Hugging Face checkpoint dir")
+    p.add_argument("--model", default="smollm2", help="built-in model name, GGUF file or Hugging Face checkpoint dir")
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="prompt text")
     prompt.add_argument("--prompt-ids", type=_prompt_ids, help="prompt token ids, e.g. 1,2,3")
@@ -118,6 +118,9 @@ BENCHMARKS = {
     "kv-transfer": ("agents_eval.kv_transfer_bench", "KV transfer speed per transport against baselines"),
     "gateway": ("agents_eval.gateway_bench", "gateway overhead over its engine; Responses WebSocket vs chat turns"),
     "capacity": ("agents_eval.capacity_bench", "capacity controller: reallocation latency, p99 against fixed splits"),
+    "quality": ("agents_eval.bench.quality", "answer retention of pruning and history masks on a real model"),
+    "peer": ("agents_eval.bench.peer", "llama.cpp against agentserve on the same GGUF file, same threads"),
+    "batcher": ("agents_eval.bench.batcher", "SLO-deadline batching with session fairness against FCFS"),
 }
 
 

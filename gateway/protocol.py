@@ -59,12 +59,13 @@ class SamplingFields(_Body):
             raise ValueError("at most 16 stop strings")
         return value
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None, choice: int) -> SamplingParams:
+    def sampling_params(self, max_tokens: int, logprobs: int | None, choice: int,
+                        slo_class: str | None = None) -> SamplingParams:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         seed = None if self.seed is None else self.seed + choice
         return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
                               top_k=self.top_k, seed=seed, stop=stops, logprobs=logprobs,
-                              ignore_eos=self.ignore_eos)
+                              ignore_eos=self.ignore_eos, slo_class=slo_class)
 
     @property
     def include_usage(self) -> bool:

@@ -81,6 +81,7 @@ class SessionTarget:
     tools: list[dict[str, Any]] | None  # the session's tools, in chat-completions form
     turns: int = 0  # turns the session held after the previous response; 0 for a new session
     vip: bool = False  # the caller's key is VIP: the session's KV is never evicted
+    slo_class: str | None = None  # the caller's service class (queue order in the engine)
 
     @property
     def starting(self) -> bool:
@@ -202,7 +203,7 @@ def _prepare(gw: GatewayState, body: ResponseCreateRequest, target: SessionTarge
     plan = turn.trajectory.add_messages(input_messages(body, target.starting))
     max_tokens = (body.max_output_tokens or gw.settings.default_max_tokens) if body.generate else 1
     params = SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
-                            ignore_eos=body.ignore_eos)
+                            ignore_eos=body.ignore_eos, slo_class=target.slo_class)
     prompt = plan.prompt_token_ids if body.generate else turn.trajectory.state.token_ids
     if prompt:
         gw.engine.engine.validate(prompt, params)
@@ -252,7 +253,7 @@ async def create_response(body: ResponseCreateRequest, request: Request,
         check_model(gw, body.model)
     new_session = f"resp_session_{uuid.uuid4().hex}" if body.store else None
     target = await resolve_session(gw, body, new_session)
-    target.vip = principal.is_vip
+    target.vip, target.slo_class = principal.is_vip, principal.slo_class
     events = response_events(gw, body, target, save_response=body.store)
     first = await anext(events)  # bad input raises here, before the stream starts
     if body.stream:

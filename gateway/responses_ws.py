@@ -166,7 +166,7 @@ class ResponsesConnection:
             check_model(self.gw, body.model)
         principal = await admit_principal(self.gw, self.websocket.headers.get("authorization"))  # rate limit
         target = await resolve_session(self.gw, body, f"ws_session_{uuid.uuid4().hex}")
-        target.vip = principal.is_vip
+        target.vip, target.slo_class = principal.is_vip, principal.slo_class
         self.gw.in_flight += 1
         try:
             async with aclosing(response_events(self.gw, body, target, save_response=body.store)) as events:

@@ -30,7 +30,7 @@ class GatewaySettings(YamlSettings):
 
     host: str = "127.0.0.1"
     port: int = 8000
-    model: str = "small"  # built-in model name or checkpoint directory
+    model: str = "smollm2"  # built-in model name, GGUF file or checkpoint directory
     disaggregated: bool = False  # prefill and decode workers (configs/deployment.yaml) instead of one engine
     served_model_name: str | None = None  # the name clients use; defaults to the model's
     redis_url: str | None = None  # sessions (and rate limits) in Redis when set

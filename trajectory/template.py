@@ -39,6 +39,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from engine.gguf.tokenizer import read_gguf_chat_template
+from engine.tokenizer import is_gguf_path
 from trajectory.template_incremental import IncrementalRenderer, RenderedTurn
 from trajectory.template_jinja import JinjaChatTemplate, find_chat_template
 from trajectory.template_types import ROLES, ChatTemplate, ChatTemplateError, Message, Role, ToolSchemas
@@ -66,10 +68,17 @@ class DefaultChatTemplate:
 
 
 def load_chat_template(model_dir: Path | None) -> ChatTemplate:
-    """The checkpoint's own chat template, or the default one for the built-in model or a checkpoint without."""
-    if model_dir is None or find_chat_template(Path(model_dir)) is None:
+    """The chat template of a checkpoint directory or a GGUF file, or the default one for the built-in model or
+    a checkpoint without one."""
+    if model_dir is None:
         return DefaultChatTemplate()
-    return JinjaChatTemplate.from_checkpoint(Path(model_dir))
+    model_dir = Path(model_dir)
+    if is_gguf_path(model_dir):
+        has_template = read_gguf_chat_template(model_dir) is not None
+        return JinjaChatTemplate.from_gguf(model_dir) if has_template else DefaultChatTemplate()
+    if find_chat_template(model_dir) is None:
+        return DefaultChatTemplate()
+    return JinjaChatTemplate.from_checkpoint(model_dir)
 
 
 def _block(header: str, body: str) -> str:

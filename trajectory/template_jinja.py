@@ -13,6 +13,7 @@ from jinja2 import nodes
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from engine.gguf.tokenizer import read_gguf_vocab
 from trajectory.template_types import ChatTemplateError, Message, ToolSchemas
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
@@ -23,7 +24,7 @@ SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_
 
 
 class ChatTemplateNotFoundError(ValueError):
-    """A checkpoint directory holds no chat template of the requested name."""
+    """A checkpoint directory or GGUF file holds no chat template of the requested name."""
 
 
 class JinjaChatTemplate:
@@ -48,6 +49,15 @@ class JinjaChatTemplate:
         if source is None:
             raise ChatTemplateNotFoundError(f"no chat template {name!r} in checkpoint directory {model_dir}")
         return cls(source, read_special_tokens(model_dir), variables)
+
+    @classmethod
+    def from_gguf(cls, path: Path, variables: Mapping[str, Any] | None = None) -> JinjaChatTemplate:
+        """`tokenizer.chat_template` of a GGUF file, seeing the file's bos/eos/unk/pad token strings; bos is
+        prepended to the ids when the file's `tokenizer.ggml.add_bos_token` says so, as llama.cpp does."""
+        vocab = read_gguf_vocab(path)
+        if vocab.chat_template is None:
+            raise ChatTemplateNotFoundError(f"no tokenizer.chat_template in GGUF file {path}")
+        return cls(vocab.chat_template, vocab.special_token_texts(), variables, prepend_bos=vocab.add_bos_token)
 
     def render(self, messages: Sequence[Message], tools: ToolSchemas | None = None,
                add_generation_prompt: bool = False) -> str:

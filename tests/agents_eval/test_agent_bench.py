@@ -30,8 +30,10 @@ PNG = b"\x89PNG"
 CONFIG_KEYS = {"throughput_rps", "p99_latency_s", "p50_latency_s", "cost_per_1k_tokens", "slo_attainment",
                "goodput_rps", "output_tokens_per_s", "latency", "requests_sent", "errors", "kv_hit_ratio",
                "prefix_hit_ratio", "prefill_tokens", "pruned_tokens", "masked_tokens", "workers", "split",
-               "role_timeline", "window_s"}
-PLOTS = ("throughput_vs_rate.png", "goodput_vs_rate.png", "latency_cdf.png", "ttft_cdf.png", "role_timeline.png")
+               "role_timeline", "window_s", "cores", "gpus", "cost_usd", "cost_per_1k_output_tokens",
+               "cost_per_1k_prompt_tokens", "computed_prompt_tokens"}
+PLOTS = ("throughput_vs_rate.png", "goodput_vs_rate.png", "attainment_vs_rate.png", "latency_cdf.png",
+         "ttft_cdf.png", "role_timeline.png")
 
 
 def record(sent: float, ttft: float | None, e2e: float, tokens: int, error: str | None = None) -> RequestRecord:
@@ -65,21 +67,13 @@ def test_slo_attainment_and_goodput_count_failures_as_misses() -> None:
     assert [metrics.meets_slo(r, SLO) for r in records] == [True, False, False, False, True]
     assert metrics.slo_attainment(records, SLO) == pytest.approx(2 / 5)
     assert metrics.measured_window_s(records) == pytest.approx(6.2)  # 0.0 to 2.0 + 4.2
-    summary = metrics.summarize(records, SLO, workers=2, price_per_worker_hour=3.6,
-                                deltas=dict.fromkeys(metrics.COUNTERS, 0.0))
+    summary = metrics.summarize(records, SLO, deltas=dict.fromkeys(metrics.COUNTERS, 0.0))
     assert summary["requests_sent"] == 5 and summary["requests_ok"] == 4 and summary["errors"] == 1
     assert summary["throughput_rps"] == pytest.approx(4 / 6.2)
     assert summary["goodput_rps"] == pytest.approx(2 / 6.2)
     assert summary["output_tokens_per_s"] == pytest.approx(32 / 6.2)
     assert summary["p99_latency_s"] == pytest.approx(metrics.percentile([1.4, 2.0, 4.2, 1.0], 99))
-    # $3.6/h x 2 workers x 6.2 s = $0.0124 over 4 x 100 prompt + 32 output tokens
-    assert summary["cost_per_1k_tokens"] == pytest.approx(0.0124 / 432 * 1000)
-
-
-def test_cost_per_1k_tokens_exact() -> None:
-    assert metrics.cost_per_1k_tokens(2.0, 2, 90.0, 1000) == pytest.approx(0.1)
-    assert metrics.cost_per_1k_tokens(2.0, 1, 3600.0, 2000) == pytest.approx(1.0)
-    assert math.isnan(metrics.cost_per_1k_tokens(2.0, 1, 10.0, 0))
+    assert (summary["prompt_tokens"], summary["cached_tokens"]) == (400, 160)
 
 
 EXPOSITION = """\
@@ -110,13 +104,14 @@ def test_metrics_deltas_give_hit_ratios_and_prefilled_tokens() -> None:
 
 
 def test_ratios_are_quotients_and_goal_shortfalls_are_factors() -> None:
-    figures = {"throughput_rps": 2.0, "goodput_rps": 1.0, "p99_latency_s": 4.0, "cost_per_1k_tokens": 0.5}
-    agent = {"throughput_rps": 5.0, "goodput_rps": 5.0, "p99_latency_s": 1.0, "cost_per_1k_tokens": 0.1}
+    figures = {"throughput_rps": 2.0, "goodput_rps": 1.0, "p99_latency_s": 4.0, "cost_per_1k_output_tokens": 0.5}
+    agent = {"throughput_rps": 5.0, "goodput_rps": 5.0, "p99_latency_s": 1.0, "cost_per_1k_output_tokens": 0.1}
     ratios = config_ratios({"baseline": figures, "agent": agent})
     assert ratios == {"agent/baseline": {"throughput": 2.5, "goodput": 5.0, "p99_latency": 0.25,
                                          "cost": pytest.approx(0.2)}}
     checks = {c["figure"]: c for c in goal_check(ratios)}
     assert not checks["throughput"]["met"] and checks["throughput"]["shortfall"] == pytest.approx(4.2 / 2.5)
+    assert checks["throughput"]["measured_as"] == "throughput"
     assert not checks["p99_latency"]["met"] and checks["p99_latency"]["shortfall"] == pytest.approx(0.25 / 0.22)
 
 
@@ -169,7 +164,7 @@ def test_driver_counts_a_failed_request_and_ends_its_session() -> None:
     result = run_driver((script("a", 0.0, 4, history=LAST_ACTION),), RunLimits(duration_s=5.0), fail_turns=(1,))
     assert [(r.turn, r.ok) for r in result.records] == [(0, True), (1, False)]
     assert result.records[1].error == "RuntimeError: gateway said no"
-    assert metrics.summarize(result.records, SLO, 1, 1.0, dict.fromkeys(metrics.COUNTERS, 0.0))["errors"] == 1
+    assert metrics.summarize(result.records, SLO, dict.fromkeys(metrics.COUNTERS, 0.0))["errors"] == 1
 
 
 def test_bench_without_kind_or_workload_is_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -207,11 +202,13 @@ def test_every_configuration_has_sane_figures(bench: BenchResult) -> None:
         assert config["errors"] == 0 and config["session_errors"] == [], name
         assert config["requests_sent"] == config["requests_ok"] == 10, name
         assert config["throughput_rps"] > 0 and config["output_tokens_per_s"] > 0, name
-        assert 0 <= config["slo_attainment"] <= 1 and config["cost_per_1k_tokens"] > 0, name
+        assert 0 <= config["slo_attainment"] <= 1 and config["cost_per_1k_output_tokens"] > 0, name
+        assert config["cores"] == report["settings"]["colocated_threads"] and config["gpus"] == 0, name
         for figure in ("ttft", "tpot", "e2e"):
             quantiles = config["latency"][figure]
             assert 0 < quantiles["p50"] <= quantiles["p90"] <= quantiles["p99"], (name, figure)
     assert report["settings"]["colocated_threads"] >= 1 and "machine" in report
+    assert report["settings"]["mode"] == "fixed-rate" and "slo_rate_sessions_per_s" not in report["configs"]["agent"]
 
 
 @pytest.mark.slow
@@ -232,11 +229,11 @@ def test_the_gateway_counted_what_the_client_sent(bench: BenchResult) -> None:
 def test_ratios_are_the_configs_quotients(bench: BenchResult) -> None:
     report = json.loads(bench.files.json.read_text())
     configs, ratios = report["configs"], report["ratios"]
-    for name in ("agent", "disaggregated"):
-        quotient = ratios[f"{name}/baseline"]
+    for top, bottom in (("agent", "baseline"), ("disaggregated", "baseline"), ("agent", "disaggregated")):
+        quotient = ratios[f"{top}/{bottom}"]
         for short, key in (("throughput", "throughput_rps"), ("p99_latency", "p99_latency_s"),
-                           ("cost", "cost_per_1k_tokens")):
-            assert quotient[short] == pytest.approx(configs[name][key] / configs["baseline"][key]), (name, short)
+                           ("cost", "cost_per_1k_output_tokens")):
+            assert quotient[short] == pytest.approx(configs[top][key] / configs[bottom][key]), (top, short)
     assert {(c["config"], c["figure"]) for c in report["goal"]} == {
         ("agent", "throughput"), ("agent", "p99_latency"), ("disaggregated", "throughput")}
 
@@ -244,7 +241,8 @@ def test_ratios_are_the_configs_quotients(bench: BenchResult) -> None:
 @pytest.mark.slow
 def test_markdown_table_and_plots(bench: BenchResult) -> None:
     markdown = bench.files.markdown.read_text()
-    assert "| configuration | throughput (req/s) | p99 latency | cost ($/1k tokens) |" in markdown
+    assert ("| configuration | throughput (req/s) | p99 latency | cost ($/1k generated tokens) | cost ($/1k computed "
+            "prompt tokens) |") in markdown
     for label in ("single-node baseline", "disaggregated (DistServe)", "agent-optimized", "agent/baseline",
                   "## Goal check"):
         assert label in markdown

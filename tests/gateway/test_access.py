@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -20,9 +21,11 @@ from gateway.state import GatewayState
 from tests.conftest import free_port
 from tests.gateway.conftest import serving
 
-VIP_KEY, LIMITED_KEY = "sk-vip-test", "sk-limited-test"
-KEYS = [{"name": "vip-agent", "sha256": hash_key(VIP_KEY), "priority": "vip"},
-        {"name": "limited", "sha256": hash_key(LIMITED_KEY), "rate_limit": 0.01, "burst": 2}]
+VIP_KEY, LIMITED_KEY, GOLD_KEY = "sk-vip-test", "sk-limited-test", "sk-gold-test"
+KEYS: list[dict[str, Any]] = [
+    {"name": "vip-agent", "sha256": hash_key(VIP_KEY), "priority": "vip"},
+    {"name": "limited", "sha256": hash_key(LIMITED_KEY), "rate_limit": 0.01, "burst": 2},
+    {"name": "gold", "sha256": hash_key(GOLD_KEY), "slo_class": "gold"}]  # a class configs/slo.yaml lacks
 MESSAGES = [{"role": "user", "content": "list the files"}]
 
 
@@ -67,6 +70,12 @@ def test_vip_key_pins_its_session_as_vip(secured: tuple[str, GatewayState]) -> N
                                                  extra_headers={"X-Session-Id": "vip-session"})
     pin = gw.engine.engine.scheduler.pins.pins["vip-session"]
     assert pin.vip
+
+
+def test_the_keys_slo_class_reaches_the_engine(secured: tuple[str, GatewayState]) -> None:
+    url, _ = secured
+    with pytest.raises(openai.BadRequestError, match="slo_class 'gold'"):
+        client(url, GOLD_KEY).chat.completions.create(model="tiny", messages=MESSAGES)  # type: ignore[arg-type]
 
 
 def test_metrics_count_requests_tokens_and_rejections(secured: tuple[str, GatewayState]) -> None:

@@ -23,7 +23,7 @@ AGENT_KEY, VIP_KEY = "sk-as-agent", "sk-as-vip"
 
 def ring(enabled: bool = True) -> KeyRing:
     return KeyRing.from_config([
-        {"name": "agent", "sha256": hash_key(AGENT_KEY), "rate_limit": 2.5},
+        {"name": "agent", "sha256": hash_key(AGENT_KEY), "rate_limit": 2.5, "slo_class": "batch"},
         {"name": "boss", "sha256": hash_key(VIP_KEY).upper(), "priority": "vip", "rate_limit": 5, "burst": 20},
     ], enabled=enabled)
 
@@ -48,6 +48,7 @@ def test_valid_keys_map_to_their_principals() -> None:
     assert agent.rate_limit == RateLimit(2.5, 3)  # burst defaults to ceil(rate)
     boss = keys.authenticate(f"bearer   {VIP_KEY}  ")
     assert (boss.name, boss.is_vip, boss.rate_limit) == ("boss", True, RateLimit(5.0, 20))
+    assert (agent.slo_class, boss.slo_class, ANONYMOUS_PRINCIPAL.slo_class) == ("batch", "vip", None)
 
 
 @pytest.mark.parametrize("header", [None, "", "   ", "Bearer", "Bearer   "])

@@ -1,0 +1,225 @@
+"""`agentserve bench --workload` as DistServe measures throughput: the SLO-rate search on stub runners with a
+known knee, cost from cores x hours with cached tokens excluded, the report built from a search, and one short
+search through a real gateway."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agents_eval.agent_bench import AgentBenchSettings, assemble
+from agents_eval.agent_bench_cost import CostSettings, Resources, cost_figures, engine_resources
+from agents_eval.agent_bench_driver import RunLimits
+from agents_eval.agent_bench_metrics import COUNTERS, RequestRecord, Slo, slo_attainment
+from agents_eval.agent_bench_report import config_ratios, goal_check, write
+from agents_eval.agent_bench_run import Point, PointResult
+from agents_eval.agent_bench_search import SearchOptions, SearchResult, search_slo_rate
+from agents_eval.agent_bench_settings import SearchSettings
+from agents_eval.agent_bench_slo import probe_limits
+from agents_eval.agent_bench_workload import WorkloadOptions
+from agents_eval.workloads.types import APPEND, SessionScript, Turn, Workload
+from engine.config import CONFIGS_DIR
+from gateway.cli import main
+
+KNEE = 3.7
+
+
+class Knee:
+    """A runner whose SLO attainment is 1.0 below the knee and 0.5 at or above it; counts its runs."""
+
+    def __init__(self, knee: float = KNEE) -> None:
+        self.knee = knee
+        self.rates: list[float] = []
+
+    def __call__(self, rate: float) -> tuple[float, float]:
+        self.rates.append(rate)
+        return (1.0 if rate < self.knee else 0.5), rate
+
+
+def test_search_finds_the_knee_within_precision_and_budget() -> None:
+    runner = Knee()
+    result = search_slo_rate(runner, 0.2, SearchOptions(precision=0.05, max_probes=12))
+    assert result.low is not None and result.high is not None
+    assert result.low.rate < KNEE <= result.high.rate
+    assert result.high.rate / result.low.rate - 1 <= 0.05 and result.converged(0.05)
+    assert result.rate == result.low.rate
+    # 0.2 .. 3.2 meet, 6.4 misses (6 probes), then 4 bisections take the bracket from 2x to 2^(1/16) = 1.044x
+    assert len(result.probes) == len(runner.rates) == 10
+    assert [p.rate for p in result.probes[:6]] == pytest.approx([0.2, 0.4, 0.8, 1.6, 3.2, 6.4])
+
+
+def test_search_stops_at_the_probe_budget_with_the_bracket_it_has() -> None:
+    runner = Knee()
+    result = search_slo_rate(runner, 0.2, SearchOptions())  # default budget: 6 probes
+    assert len(runner.rates) == 6 and not result.converged(SearchOptions().precision)
+    assert (result.rate, result.high and result.high.rate) == pytest.approx((3.2, 6.4))
+
+
+def test_search_from_above_the_knee_shrinks_then_bisects() -> None:
+    result = search_slo_rate(Knee(), 20.0, SearchOptions(precision=0.1, max_probes=10))
+    assert [p.rate for p in result.probes[:4]] == pytest.approx([20.0, 10.0, 5.0, 2.5])
+    assert result.low is not None and result.high is not None
+    assert result.low.rate < KNEE <= result.high.rate and result.converged(0.1)
+
+
+def test_search_that_meets_the_slo_everywhere_stops_at_the_cap() -> None:
+    always = Knee(knee=math.inf)
+    result = search_slo_rate(always, 1.0, SearchOptions(max_rate=5.0))
+    assert always.rates == [1.0, 2.0, 4.0, 5.0]
+    assert result.capped and result.high is None and result.rate == 5.0 and not result.converged(0.2)
+    uncapped = search_slo_rate(Knee(knee=math.inf), 1.0, SearchOptions(max_probes=4))
+    assert uncapped.capped and uncapped.rate == 8.0 and len(uncapped.probes) == 4
+
+
+def test_search_that_misses_at_the_lowest_rate_finds_none() -> None:
+    never = Knee(knee=0.0)
+    result = search_slo_rate(never, 1.0, SearchOptions(min_rate=0.25))
+    assert never.rates == [1.0, 0.5, 0.25]
+    assert result.low is None and result.rate == 0.0 and not result.capped
+    assert result.high is not None and result.high.rate == 0.25
+
+
+def test_attainment_at_the_target_meets_it_and_nan_misses() -> None:
+    exact = search_slo_rate(lambda rate: (0.9, None), 1.0, SearchOptions(max_probes=2))
+    assert exact.rate == 2.0 and exact.capped
+    empty: SearchResult[None] = search_slo_rate(lambda rate: (math.nan, None), 1.0, SearchOptions(max_probes=3))
+    assert empty.rate == 0.0 and len(empty.probes) == 3
+    with pytest.raises(ValueError, match="start rate"):
+        search_slo_rate(Knee(), 0.0)
+
+
+def test_cost_is_cores_times_hours_whatever_the_worker_count() -> None:
+    colocated = engine_resources({"AGENTSERVE_ENGINE_NUM_THREADS": "2"}, {"colocated": 1})
+    workers = engine_resources({"AGENTSERVE_DEPLOYMENT_THREADS_PER_WORKER": "1"}, {"prefill": 1, "decode": 1})
+    assert colocated == workers == Resources(cores=2, gpus=0)
+    four = engine_resources({"AGENTSERVE_DEPLOYMENT_THREADS_PER_WORKER": "2"}, {"prefill": 1, "decode": 1})
+    shifted = engine_resources({"AGENTSERVE_DEPLOYMENT_THREADS_PER_WORKER": "1"}, {"prefill": 3, "decode": 1})
+    assert four == shifted == engine_resources({"AGENTSERVE_ENGINE_NUM_THREADS": "4"}, {"colocated": 1})
+    prices = CostSettings(price_per_core_hour=0.5, price_per_gpu_hour=3.0)
+    one, two = (cost_figures(r, prices, 1800.0, 100, 200, 0) for r in (colocated, workers))
+    assert one == two and one["cost_usd"] == pytest.approx(2 * 0.5 * 0.5)
+
+
+def test_gpus_are_one_per_engine_process_off_the_cpu() -> None:
+    env = {"AGENTSERVE_ENGINE_DEVICE": "cuda", "AGENTSERVE_ENGINE_NUM_THREADS": "1"}
+    assert engine_resources(env, {"colocated": 1}) == Resources(1, 1)
+    assert engine_resources(env | {"AGENTSERVE_DEPLOYMENT_THREADS_PER_WORKER": "1"},
+                            {"prefill": 1, "decode": 2}) == Resources(3, 3)
+    prices = CostSettings(price_per_core_hour=0.5, price_per_gpu_hour=3.0)
+    assert cost_figures(Resources(3, 3), prices, 3600.0, 1000, 0, 0)["cost_usd"] == pytest.approx(3 * 0.5 + 3 * 3.0)
+
+
+def test_cached_prompt_tokens_are_not_served_work() -> None:
+    prices = CostSettings(price_per_core_hour=1.8, price_per_gpu_hour=0.0)
+    figures = cost_figures(Resources(2), prices, 3600.0, output_tokens=1000, prompt_tokens=5000, cached_tokens=4000)
+    assert figures["cost_usd"] == pytest.approx(3.6) and figures["computed_prompt_tokens"] == 1000
+    assert figures["cost_per_1k_output_tokens"] == pytest.approx(3.6)
+    assert figures["cost_per_1k_prompt_tokens"] == pytest.approx(3.6)
+    assert figures["cost_per_1k_tokens"] == pytest.approx(1.8)
+    uncached = cost_figures(Resources(2), prices, 3600.0, output_tokens=1000, prompt_tokens=5000, cached_tokens=0)
+    assert uncached["cost_per_1k_prompt_tokens"] == pytest.approx(3.6 / 5)
+    assert uncached["cost_per_1k_output_tokens"] == figures["cost_per_1k_output_tokens"]
+    assert math.isnan(cost_figures(Resources(2), prices, 10.0, 0, 10, 10)["cost_per_1k_prompt_tokens"])
+
+
+def test_prices_come_from_configs_cost_yaml_and_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    written = yaml.safe_load((CONFIGS_DIR / "cost.yaml").read_text())
+    assert CostSettings().model_dump() == written
+    monkeypatch.setenv("AGENTSERVE_COST_PRICE_PER_GPU_HOUR", "7.5")
+    assert CostSettings().price_per_gpu_hour == 7.5
+
+
+def test_probe_drain_is_the_slowest_reply_that_could_meet_the_slo() -> None:
+    turns = tuple(Turn(0.0, 0.0, ({"role": "user", "content": "go"},), 1, tokens, "act", APPEND) for tokens in (5, 21))
+    workload = Workload("w", (SessionScript("s", 0.0, "", turns),), {})
+    limits = probe_limits(RunLimits(60.0, drain_timeout_s=60.0), Slo(0.5, 0.05), workload, 20.0)
+    assert (limits.duration_s, limits.drain_timeout_s) == (20.0, pytest.approx(0.5 + 0.05 * 20 + 1.0))
+    assert probe_limits(RunLimits(60.0, drain_timeout_s=2.0), Slo(0.5, 0.05), workload, 20.0).drain_timeout_s == 2.0
+
+
+SLO = Slo(ttft_s=0.5, tpot_s=0.05)
+SPLITS = {"baseline": {"colocated": 1}, "disaggregated": {"prefill": 1, "decode": 1},
+          "agent": {"prefill": 1, "decode": 1}}
+KNEES = {"baseline": 0.7, "disaggregated": 1.5, "agent": 3.7}
+
+
+def stub_point(config: str, rate: float, tag: str) -> Point:
+    """What a gateway of `config` would record at `rate`: 20 requests, each 10 tokens, late past the knee."""
+    late = rate >= KNEES[config]
+    ttft = [2.0 if late and i % 2 else 0.1 for i in range(20)]  # TPOT 0.04 s
+    records = [RequestRecord(f"s{i}", 0, "act", i * 0.5, ttft[i], ttft[i] + 0.36, 100, 40 * (i % 2), 10)
+               for i in range(20)]
+    env = {"AGENTSERVE_ENGINE_NUM_THREADS": "2", "AGENTSERVE_DEPLOYMENT_THREADS_PER_WORKER": "1"}
+    result = PointResult(config, records, [], dict.fromkeys(COUNTERS, 0.0),
+                         {"split": SPLITS[config], "events": [], "source": "stub", "enabled": None}, [], env, "stub")
+    return Point(config, tag, rate, result)
+
+
+def stub_search(config: str) -> tuple[list[Point], SearchResult[Point | None]]:
+    def measure(rate: float) -> tuple[float, Point | None]:
+        point = stub_point(config, rate, f"probe{rate:g}")
+        return slo_attainment(point.result.records, SLO), point
+
+    search = search_slo_rate(measure, 0.2, SearchOptions(max_probes=8))
+    best = search.low.figures if search.low is not None else None
+    points = [probe.figures for probe in search.probes if probe.figures is not None]
+    return [replace(point, headline=point is best) for point in points], search
+
+
+@pytest.fixture
+def stub_report(tmp_path: Path) -> dict[str, Any]:
+    settings = AgentBenchSettings(WorkloadOptions("swe"), slo=SLO, search=SearchSettings())
+    points: list[Point] = []
+    searches = {}
+    for config in KNEES:
+        config_points, searches[config] = stub_search(config)
+        points += config_points
+    report = assemble(settings, 0.2, Workload("swe", (), {}), points, searches, {"cpu_count": 2})
+    write(tmp_path, report, points, ["a note"])
+    return json.loads((tmp_path / "report.json").read_text()) | {"out": tmp_path}
+
+
+def test_report_of_a_search_has_slo_rates_probes_and_ratios(stub_report: dict[str, Any]) -> None:
+    configs, ratios = stub_report["configs"], stub_report["ratios"]
+    for config, knee in KNEES.items():
+        figures = configs[config]
+        assert figures["slo_rate_sessions_per_s"] < knee <= figures["slo_search"]["bracket"][1], config
+        assert figures["slo_rate_rps"] == figures["throughput_rps"] > 0 and figures["slo_attainment"] >= 0.9
+        assert figures["offered_rate"] == figures["slo_rate_sessions_per_s"]
+        assert [p["rate"] for p in figures["slo_probes"]][:2] == pytest.approx([0.2, 0.4])
+        assert all(0 <= p["attainment"] <= 1 for p in figures["slo_probes"]), config
+    assert set(ratios) == {"agent/baseline", "disaggregated/baseline", "agent/disaggregated"}
+    rate = {c: configs[c]["slo_rate_sessions_per_s"] for c in KNEES}
+    assert ratios["agent/disaggregated"]["slo_rate"] == pytest.approx(rate["agent"] / rate["disaggregated"])
+    assert ratios["agent/baseline"]["cost"] == pytest.approx(1.0)  # same cores, window and tokens at every rate
+    checks = goal_check(config_ratios(configs))
+    assert {c["measured_as"] for c in checks if c["figure"] == "throughput"} == {"slo_rate"}
+
+
+def test_report_of_a_search_has_the_table_and_the_attainment_plot(stub_report: dict[str, Any]) -> None:
+    markdown = (stub_report["out"] / "report.md").read_text()
+    assert ("| configuration | throughput at SLO (sessions/s) | throughput at SLO (req/s) | P99 latency | "
+            "cost ($/1k generated tokens) | cost ($/1k computed prompt tokens) |") in markdown
+    assert "## SLO-rate search" in markdown and "agent/disaggregated" in markdown
+    assert (stub_report["out"] / "attainment_vs_rate.png").read_bytes().startswith(b"\x89PNG")
+    probes = sum(len(c["slo_probes"]) for c in stub_report["configs"].values())
+    assert len(list((stub_report["out"] / "requests").glob("*.jsonl"))) == probes
+
+
+@pytest.mark.slow
+def test_search_through_a_real_gateway_from_the_cli(tmp_path: Path) -> None:
+    main(["bench", "--workload", "swe", "--configs", "baseline", "--probe-duration", "6", "--search-start", "1",
+          "--max-probes", "2", "--slo-ttft", "30", "--slo-tpot", "5", "--warm-up-turns", "1", "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "report.json").read_text())
+    baseline = report["configs"]["baseline"]
+    assert report["settings"]["mode"] == "slo-rate search" and report["settings"]["search"]["max_probes"] == 2
+    assert [p["rate"] for p in baseline["slo_probes"]] == [1.0, 2.0]  # an SLO nothing misses: it grows
+    assert baseline["slo_rate_sessions_per_s"] == 2.0 and baseline["slo_search"]["capped"]
+    assert baseline["slo_rate_rps"] == baseline["throughput_rps"] > 0 and baseline["requests_sent"] > 0
+    assert "Throughput at SLO" in (tmp_path / "report.md").read_text()
