@@ -1,0 +1,115 @@
+"""`agentserve bench peer`: run each configuration's server alone, measure it with the same client, and
+write report.json, report.md and peer.png (see docs/peer.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.progress import Progress, TaskID
+
+from agents_eval.agent_bench_gateway import GatewayProcess, model_name, scrape
+from agents_eval.bench.peer import measure
+from agents_eval.bench.peer import report as peer_report
+from agents_eval.bench.peer.chart import CHART_NAME, save_chart
+from agents_eval.bench.peer.servers import gguf_file, llama_cpp_command, running_server
+from agents_eval.bench.peer.settings import LLAMA_CPP, PeerSettings
+from agents_eval.report import JSON_NAME, MARKDOWN_NAME, ReportFiles, machine_info, markdown_document
+
+TITLE = "llama.cpp against agentserve on the same GGUF file"
+
+
+@dataclass
+class BenchResult:
+    report: dict[str, Any]
+    files: ReportFiles
+    markdown: str
+
+
+async def _measure(server: GatewayProcess, config: str, settings: PeerSettings,
+                   progress: Progress, task: TaskID) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=server.url, timeout=30.0) as http:
+        target = measure.Target(server.url, await model_name(http), keeps_sessions=config != LLAMA_CPP)
+        await measure.warm_up(target)
+
+        def tick() -> None:
+            progress.advance(task)
+
+        result = {"decode": await measure.decode(target, settings, tick),
+                  "prefill": await measure.prefill(target, settings, tick),
+                  "agents": await measure.agents(target, settings, tick)}
+        if config != LLAMA_CPP:
+            result["metrics"] = await scrape(http)
+    return result
+
+
+def _run_config(config: str, settings: PeerSettings, model_file: Path | None, log_dir: Path,
+                progress: Progress) -> dict[str, Any]:
+    task = progress.add_task(f"{config}: starting", total=2 * settings.repeats + settings.sessions * settings.turns)
+    load_before = os.getloadavg()[0]
+    with running_server(config, settings, model_file, log_dir) as server:
+        progress.update(task, description=config)
+        result = asyncio.run(_measure(server, config, settings, progress, task))
+        result["server"] = {"env": server.env, "log": str(server.log_path)}
+    result["load_average_1m"] = {"before": load_before, "after": os.getloadavg()[0]}
+    return result
+
+
+def _notes(settings: PeerSettings, model_file: Path | None, results: dict[str, Any],
+           machine: dict[str, Any]) -> list[str]:
+    notes = [f"agentserve model `{settings.model}`; llama.cpp file `{model_file}`; {settings.threads} threads each; "
+             f"{settings.sessions} sessions x {settings.turns} turns, {settings.output_tokens} output tokens per turn; "
+             f"decode {settings.decode_tokens} tokens; median of {settings.repeats} decode and prefill runs.",
+             f"Machine: {machine['cpu_count']} CPUs, 1-minute load before the run {machine['load_average'][0]:.2f}; "
+             + ", ".join(f"{c} {r['load_average_1m']['before']:.2f}→{r['load_average_1m']['after']:.2f}"
+                         for c, r in results.items()) + " (load before→after each configuration); "
+             f"OMP_WAIT_POLICY {os.environ.get('OMP_WAIT_POLICY', 'unset')} for both servers."]
+    if LLAMA_CPP in results:
+        notes.append(f"llama-cpp-python {_version('llama-cpp-python')}: `python -m llama_cpp.server` "
+                     + " ".join(llama_cpp_command(Path("FILE"), settings, 0)[3:-2]))
+    return notes
+
+
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def write(out_dir: Path, data: dict[str, Any], notes: list[str]) -> BenchResult:
+    table, results = data["figures"], data["results"]
+    tables = [peer_report.figures_table(table, results)]
+    if data["ratios"]:
+        tables += [peer_report.ratio_table(data["ratios"]), peer_report.goals_table(data["goals"])]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = ReportFiles(out_dir / JSON_NAME, out_dir / MARKDOWN_NAME, out_dir / CHART_NAME)
+    files.json.write_text(json.dumps(data, indent=2) + "\n")
+    files.markdown.write_text(markdown_document(TITLE, tables, notes))
+    save_chart(table, f"{data['settings']['model']}, {data['settings']['threads']} threads", files.chart)
+    return BenchResult(data, files, files.markdown.read_text())
+
+
+def run_benchmark(settings: PeerSettings, out_dir: Path) -> BenchResult:
+    settings.validate()
+    model_file = gguf_file(settings.model) if LLAMA_CPP in settings.configs else None
+    machine = machine_info()
+    start = time.perf_counter()
+    results: dict[str, Any] = {}
+    with Progress(console=Console(stderr=True), transient=True) as progress:
+        for config in settings.configs:
+            results[config] = _run_config(config, settings, model_file, out_dir / "logs", progress)
+    table = {config: peer_report.figures(result) for config, result in results.items()}
+    data = {"settings": asdict(settings), "machine": machine, "model_file": str(model_file) if model_file else None,
+            "llama_cpp_python": _version("llama-cpp-python"), "figures": table,
+            "ratios": peer_report.ratios(table), "goals": peer_report.goal_results(table), "results": results,
+            "bench_wall_s": time.perf_counter() - start, "load_average_at_end": list(os.getloadavg())}
+    return write(out_dir, data, _notes(settings, model_file, results, machine))

@@ -1,0 +1,89 @@
+"""The servers `agentserve bench peer` compares, one process at a time on a free loopback port:
+
+- llama.cpp: llama-cpp-python's OpenAI-compatible server (`python -m llama_cpp.server`) on the model's GGUF
+  file, `--n_threads` and `--n_threads_batch` T, its prompt-state cache on (`--cache true`, RAM), logits of
+  the last token only (`--logits_all false`, as agentserve), and queued requests waiting for the running
+  one instead of interrupting its stream (`--interrupt_requests false`);
+- agentserve: `agentserve serve` with the configuration's environment (`settings.agentserve_env`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import yaml
+
+from agents_eval.agent_bench_gateway import GatewayProcess, free_port, running_gateway, stop
+from agents_eval.bench.peer.settings import KV_CACHE_BYTES, LLAMA_CPP, PeerSettings, agentserve_env
+from engine.config import CONFIGS_DIR
+from engine.gguf.package import PackagedGGUF
+
+READY_TIMEOUT_S = 300.0
+
+
+def gguf_file(model: str) -> Path:
+    """The GGUF file agentserve's `model` loads: a built-in model's packaged file, or a .gguf path."""
+    if model.endswith(".gguf"):
+        return Path(model)
+    spec_path = CONFIGS_DIR / "models" / f"{model}.yaml"
+    spec = yaml.safe_load(spec_path.read_text()) if spec_path.is_file() else None
+    if not spec or "gguf" not in spec:
+        raise ValueError(f"model {model!r} has no GGUF file for llama.cpp; use a GGUF model (e.g. smollm2) "
+                         "or leave llama.cpp out of --configs")
+    return PackagedGGUF.from_dict(spec["gguf"]).locate()
+
+
+def llama_cpp_command(model_file: Path, settings: PeerSettings, port: int) -> list[str]:
+    options = {
+        "model": str(model_file), "n_threads": settings.threads, "n_threads_batch": settings.threads,
+        "n_ctx": settings.context, "cache": "true", "cache_type": "ram", "cache_size": KV_CACHE_BYTES,
+        "logits_all": "false", "interrupt_requests": "false", "verbose": "false",
+        "host": "127.0.0.1", "port": port,
+    }
+    return [sys.executable, "-m", "llama_cpp.server", *(f"--{k}={v}" for k, v in options.items())]
+
+
+@contextlib.contextmanager
+def running_llama_cpp(model_file: Path, settings: PeerSettings, log_path: Path) -> Iterator[GatewayProcess]:
+    port = free_port()
+    env = {"OMP_NUM_THREADS": str(settings.threads)}
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(llama_cpp_command(model_file, settings, port), env={**os.environ, **env},
+                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = GatewayProcess(f"http://127.0.0.1:{port}", process, log_path, env)
+    try:
+        _wait_for_models(server)
+        yield server
+    finally:
+        stop(server)
+
+
+def _wait_for_models(server: GatewayProcess) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"llama.cpp's server exited with status {server.process.returncode}; its log "
+                               f"({server.log_path}) ends:\n{server.log_tail()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{server.url}/v1/models", timeout=1.0).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"llama.cpp's server was not ready within {READY_TIMEOUT_S:.0f} s; log: {server.log_path}")
+
+
+def running_server(config: str, settings: PeerSettings, model_file: Path | None,
+                   log_dir: Path) -> contextlib.AbstractContextManager[GatewayProcess]:
+    log_path = log_dir / f"{config}.log"
+    if config == LLAMA_CPP:
+        if model_file is None:
+            raise ValueError("llama.cpp needs the model's GGUF file")
+        return running_llama_cpp(model_file, settings, log_path)
+    return running_gateway(settings.model, agentserve_env(config, settings.threads), log_path)

@@ -1,0 +1,77 @@
+"""What `agentserve bench peer` runs: the configurations (llama.cpp and agentserve variants), the sizes of
+each measurement, and the environment each server process gets."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+from agents_eval.report import check_settings
+
+LLAMA_CPP = "llama.cpp"
+AGENTSERVE_FP32 = "agentserve-fp32"
+AGENTSERVE_BF16 = "agentserve-bf16"
+AGENTSERVE_QUANTIZED = "agentserve-quantized"
+CONFIGS = (LLAMA_CPP, AGENTSERVE_FP32, AGENTSERVE_BF16, AGENTSERVE_QUANTIZED)
+CONFIG_ENV = {  # on top of AGENTSERVE_COMMON_ENV
+    AGENTSERVE_FP32: {"AGENTSERVE_ENGINE_DTYPE": "float32"},
+    AGENTSERVE_BF16: {"AGENTSERVE_ENGINE_DTYPE": "bfloat16"},
+    AGENTSERVE_QUANTIZED: {"AGENTSERVE_ENGINE_DTYPE": "float32", "AGENTSERVE_ENGINE_GGUF_WEIGHTS": "quantized"},
+}
+KV_CACHE_BYTES = 2 << 30  # agentserve's KV pool and llama.cpp's prompt-state cache: the same budget
+AGENTSERVE_COMMON_ENV = {
+    "AGENTSERVE_AUTH_ENABLED": "false",
+    "AGENTSERVE_DISAGGREGATED": "false",
+    "AGENTSERVE_LIMITS__TTFT_SLO_S": "1000000000",  # admission never refuses: overload shows as latency
+    "AGENTSERVE_ENGINE_ENABLE_PREFIX_CACHING": "true",
+    "AGENTSERVE_ENGINE_KV_CACHE_BYTES": str(KV_CACHE_BYTES),
+    "AGENTSERVE_TRAJECTORY_PRUNE": "false",  # both servers prefill the very same history
+    "AGENTSERVE_TRAJECTORY_MASKS__ENABLED": "false",
+}
+INSTALL_HINT = "pip install -e '.[peer]'"
+
+
+@dataclass(frozen=True)
+class PeerSettings:
+    model: str = "smollm2"  # agentserve's model; llama.cpp serves its GGUF file
+    configs: tuple[str, ...] = CONFIGS
+    threads: int = 2
+    sessions: int = 16
+    turns: int = 4
+    observation_tokens: int = 300  # mean size of one tool observation
+    output_tokens: int = 32  # per agent turn
+    decode_tokens: int = 128
+    prefill_tokens: int = 2000
+    repeats: int = 3  # single-stream decode and prefill runs per configuration (median reported)
+    context: int = 8192  # llama.cpp's n_ctx
+    seed: int = 0
+
+    def validate(self) -> None:
+        unknown = sorted(set(self.configs) - set(CONFIGS))
+        check_settings([
+            (not unknown, f"unknown --configs {', '.join(unknown)}; choose from {', '.join(CONFIGS)}"),
+            (bool(self.configs), "--configs must name at least one configuration"),
+            (len(set(self.configs)) == len(self.configs), "--configs names a configuration twice"),
+            (self.threads >= 1, "--threads must be at least 1"),
+            (self.sessions >= 1, "--sessions must be at least 1"),
+            (self.turns >= 1, "--turns must be at least 1"),
+            (self.observation_tokens >= 8, "--observation-tokens must be at least 8"),
+            (self.output_tokens >= 1, "--output-tokens must be at least 1"),
+            (self.decode_tokens >= 2, "--decode-tokens must be at least 2"),
+            (self.prefill_tokens >= 16, "--prefill-tokens must be at least 16"),
+            (self.repeats >= 1, "--repeats must be at least 1"),
+        ])
+        if LLAMA_CPP in self.configs:
+            require_llama_cpp()
+
+
+def require_llama_cpp() -> None:
+    """llama-cpp-python with its server extra, or one line saying how to install it."""
+    if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("sse_starlette") is None:
+        raise ValueError(f"the llama.cpp configuration needs llama-cpp-python[server]: {INSTALL_HINT} "
+                         f"(or leave it out: --configs {','.join(CONFIGS[1:])})")
+
+
+def agentserve_env(config: str, threads: int) -> dict[str, str]:
+    return {**AGENTSERVE_COMMON_ENV, **CONFIG_ENV[config], "AGENTSERVE_ENGINE_NUM_THREADS": str(threads),
+            "OMP_NUM_THREADS": str(threads)}

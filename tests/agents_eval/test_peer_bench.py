@@ -1,0 +1,140 @@
+"""`agentserve bench peer`: the client, the measurements and the report against real agentserve servers on the
+`tiny` model (llama.cpp left out), the prompts, and the one-line error without llama-cpp-python."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+from agents_eval.bench.peer import report, workload
+from agents_eval.bench.peer.bench import BenchResult, run_benchmark
+from agents_eval.bench.peer.servers import gguf_file, llama_cpp_command
+from agents_eval.bench.peer.settings import AGENTSERVE_BF16, AGENTSERVE_FP32, INSTALL_HINT, PeerSettings
+from gateway.cli import EXIT_BAD_INPUT, main
+
+SETTINGS = PeerSettings(model="tiny", configs=(AGENTSERVE_FP32, AGENTSERVE_BF16), sessions=2, turns=2,
+                        observation_tokens=16, output_tokens=3, decode_tokens=4, prefill_tokens=32, repeats=2)
+PNG = b"\x89PNG"
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory: pytest.TempPathFactory) -> BenchResult:
+    return run_benchmark(SETTINGS, tmp_path_factory.mktemp("peer"))
+
+
+@pytest.mark.slow
+def test_report_files_hold_the_figures(bench: BenchResult) -> None:
+    files = bench.files
+    assert json.loads(files.json.read_text())["figures"] == bench.report["figures"]
+    assert files.chart.read_bytes().startswith(PNG)
+    markdown = files.markdown.read_text()
+    assert "## Figures" in markdown and AGENTSERVE_FP32 in markdown and AGENTSERVE_BF16 in markdown
+    assert bench.report["ratios"] == {} and bench.report["goals"] == []  # no llama.cpp: nothing to divide by
+    assert "## Goals" not in markdown
+
+
+@pytest.mark.slow
+def test_agent_turns_add_up(bench: BenchResult) -> None:
+    for config in SETTINGS.configs:
+        agents = bench.report["results"][config]["agents"]
+        turns = agents["per_turn"]
+        assert agents["turns"] == len(turns) == SETTINGS.sessions * SETTINGS.turns
+        assert sorted((t["session"], t["turn"]) for t in turns) == sorted(
+            (f"peer-0-{s}", t) for s in range(SETTINGS.sessions) for t in range(SETTINGS.turns))
+        assert all(t["output_tokens"] == SETTINGS.output_tokens for t in turns)  # ignore_eos: exact lengths
+        assert agents["output_tokens"] == SETTINGS.sessions * SETTINGS.turns * SETTINGS.output_tokens
+        assert agents["turns_per_s"] == pytest.approx(agents["turns"] / agents["wall_s"])
+        assert agents["output_tokens_per_s"] == pytest.approx(agents["output_tokens"] / agents["wall_s"])
+        assert 0 < agents["ttft_p50_s"] <= agents["ttft_p99_s"] <= max(t["ttft_s"] for t in turns)
+
+
+@pytest.mark.slow
+def test_sessions_reuse_their_history(bench: BenchResult) -> None:
+    turns = bench.report["results"][AGENTSERVE_FP32]["agents"]["per_turn"]
+    by_key = {(t["session"], t["turn"]): t for t in turns}
+    for session in range(SETTINGS.sessions):
+        first, second = by_key[(f"peer-0-{session}", 0)], by_key[(f"peer-0-{session}", 1)]
+        assert second["prompt_tokens"] > first["prompt_tokens"] + SETTINGS.output_tokens  # history resent, grown
+        assert second["cached_tokens"] > 0  # X-Session-Id: the previous turn's KV is reused
+
+
+@pytest.mark.slow
+def test_decode_and_prefill_figures(bench: BenchResult) -> None:
+    for config in SETTINGS.configs:
+        result, figures = bench.report["results"][config], bench.report["figures"][config]
+        decode_runs, prefill_runs = result["decode"]["runs"], result["prefill"]["runs"]
+        assert len(decode_runs) == len(prefill_runs) == SETTINGS.repeats
+        assert all(r["output_tokens"] == SETTINGS.decode_tokens and r["tokens_per_s"] > 0 for r in decode_runs)
+        assert all(r["tokens_per_s"] == pytest.approx(r["prompt_tokens"] / r["ttft_s"]) for r in prefill_runs)
+        median = statistics.median(r["tokens_per_s"] for r in decode_runs)
+        assert figures["decode_tokens_per_s"] == pytest.approx(median)
+        assert figures["agent_turns_per_s"] == result["agents"]["turns_per_s"]
+
+
+@pytest.mark.slow
+def test_ratios_and_goals_come_from_the_figures(bench: BenchResult) -> None:
+    table = bench.report["figures"]
+    ratios = report.ratios(table, peer=AGENTSERVE_FP32)
+    assert set(ratios) == {AGENTSERVE_BF16}
+    for key, ratio in ratios[AGENTSERVE_BF16].items():
+        assert ratio == pytest.approx(table[AGENTSERVE_BF16][key] / table[AGENTSERVE_FP32][key])
+    goals = report.goal_results(table, peer=AGENTSERVE_FP32)
+    assert [g["metric"] for g in goals] == ["agent_turns_per_s", "agent_ttft_p99_s"]  # decode goal: quantized only
+    turns, ttft = goals
+    assert turns["factor"] == pytest.approx(ratios[AGENTSERVE_BF16]["agent_turns_per_s"])
+    assert ttft["factor"] == pytest.approx(1 / ratios[AGENTSERVE_BF16]["agent_ttft_p99_s"])  # lower is better
+    assert all(g["met"] == (g["factor"] >= 1) for g in goals)
+    assert "## Goals" in report.goals_table(goals).to_markdown()
+
+
+def test_goal_verdicts_say_by_how_much() -> None:
+    table = {"llama.cpp": {m.key: 10.0 for m in report.METRICS},
+             "agentserve-quantized": {**{m.key: 10.0 for m in report.METRICS}, "decode_tokens_per_s": 4.0,
+                                      "agent_turns_per_s": 12.0, "agent_ttft_p99_s": 20.0}}
+    goals = {g["metric"]: g for g in report.goal_results(table)}
+    assert goals["agent_turns_per_s"]["met"] and goals["agent_turns_per_s"]["factor"] == pytest.approx(1.2)
+    assert not goals["agent_ttft_p99_s"]["met"] and goals["agent_ttft_p99_s"]["factor"] == pytest.approx(0.5)
+    assert not goals["decode_tokens_per_s"]["met"] and goals["decode_tokens_per_s"]["factor"] == pytest.approx(0.8)
+    assert report.verdict(goals["agent_ttft_p99_s"]) == "missed: 0.50x of the target (2.00x short)"
+    assert math.isnan(report.ratios({"llama.cpp": {"x": 0.0}, "a": {"x": 1.0}})["a"]["x"])
+
+
+def test_without_llama_cpp_python_one_line_says_how_to_install(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # as if it were not installed
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "peer", "--out", str(tmp_path), "--configs", "llama.cpp,agentserve-fp32"])
+    assert exit_info.value.code == EXIT_BAD_INPUT
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and INSTALL_HINT in error and "llama-cpp-python" in error
+    assert not any(tmp_path.iterdir())  # nothing started, nothing written
+
+
+def test_unknown_configuration_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "peer", "--out", str(tmp_path), "--configs", "agentserve-fp64"])
+    assert exit_info.value.code == EXIT_BAD_INPUT
+    assert "unknown --configs agentserve-fp64" in capsys.readouterr().err
+
+
+def test_llama_cpp_needs_a_gguf_model() -> None:
+    with pytest.raises(ValueError, match="no GGUF file"):
+        gguf_file("tiny")
+    command = llama_cpp_command(Path("m.gguf"), PeerSettings(threads=3), 8123)
+    assert {"--n_threads=3", "--n_threads_batch=3", "--cache=true", "--port=8123"} <= set(command)
+
+
+def test_sessions_are_seeded_real_text() -> None:
+    first, again = workload.sessions(3, 4, 120, seed=1), workload.sessions(3, 4, 120, seed=1)
+    assert first == again and first != workload.sessions(3, 4, 120, seed=2)
+    assert len({s.task for s in first}) == 3 and all(len(s.observations) == 4 for s in first)
+    observations = [o for s in first for o in s.observations]
+    assert all(o.startswith("$ ") and len(o.splitlines()) > 1 for o in observations)  # a command, then its output
+    assert first[0].user_message(0).startswith("TASK:") and first[0].user_message(1).startswith("OBSERVATION:")
+    assert workload.prefill_prompt(0, 500) != workload.prefill_prompt(1, 500)
+    assert len(workload.prefill_prompt(0, 2000)) > 3 * len(workload.prefill_prompt(0, 500))

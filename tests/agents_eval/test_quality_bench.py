@@ -1,0 +1,191 @@
+"""The quality benchmark: its transcripts (seeded, answerable, with prunable redundancy), its answer check
+and agreement measure, and the bench on three transcripts on SmolLM2 with every figure recounted by hand."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agents_eval.bench.quality import QualityBenchSettings, QualityResult, run_benchmark
+from agents_eval.bench.quality.answers import mentions
+from agents_eval.bench.quality.scoring import token_agreement
+from agents_eval.bench.quality.transcripts import Transcript, generate_transcripts
+from engine.loader import builtin_gguf
+from engine.tokenizer import Tokenizer, load_tokenizer
+from gateway.cli import EXIT_BAD_INPUT, main
+from trajectory.pruning import PruningConfig, prune
+from trajectory.settings import TrajectorySettings
+
+VARIANTS = ("full", "pruned", "masked", "pruned+masked", "dropped")
+# Seed 0's first three transcripts, read off their text: (kind, position, observations, asked, answer).
+EXPECTED = [("listing", "last", 4, 3, "fix/reports-195"),
+            ("log", "older", 4, 0, "DPL-3334"),
+            ("tree", "last", 3, 2, "129.72")]
+
+
+def _holds(text: str, answer: str) -> bool:
+    """The answer in the text, lower-cased and without backticks, not glued to letters or digits."""
+    return re.search(rf"(?<![a-z0-9]){re.escape(answer.lower())}(?![a-z0-9])", text.lower().replace("`", "")) \
+        is not None
+
+
+def _contents(transcript: Transcript) -> str:
+    return "\n".join(m.content for group in transcript.message_groups() for m in group)
+
+
+def test_same_seed_same_transcripts_other_seed_others() -> None:
+    assert generate_transcripts(30, seed=7) == generate_transcripts(30, seed=7)
+    assert [_contents(t) for t in generate_transcripts(30, seed=7)] != \
+        [_contents(t) for t in generate_transcripts(30, seed=8)]
+
+
+def test_hundred_transcripts_each_answer_only_in_the_observation_asked_about() -> None:
+    transcripts = generate_transcripts(100, seed=0)
+    assert len(transcripts) == 100
+    for t in transcripts:
+        messages = [m for group in t.message_groups() for m in group]
+        asked = [m for m in messages if m.role == "tool"][t.target]
+        assert t.answer in asked.content
+        others = [m.content for m in messages if m is not asked]
+        assert not any(_holds(text, t.answer) for text in others), t.index
+    cells = {(t.kind, t.position) for t in transcripts}
+    assert len(cells) == 8 and sum(t.position == "older" for t in transcripts) == 50
+    assert {t.age for t in transcripts if t.position == "older"} == {1, 2, 3}
+
+
+def test_calls_and_results_pair_up_as_function_calling() -> None:
+    for t in generate_transcripts(20, seed=1):
+        groups = t.message_groups()
+        assert [m.role for m in groups[0]] == ["system", "user"] and [m.role for m in groups[-1]] == ["user"]
+        for assistant, tool in groups[1:-1]:
+            [call] = assistant.tool_calls or []
+            assert tool.role == "tool" and tool.tool_call_id == call["id"] and tool.name == call["function"]["name"]
+            json.loads(call["function"]["arguments"])
+
+
+@pytest.fixture(scope="module")
+def smollm2_tokenizer() -> Tokenizer:
+    return load_tokenizer(builtin_gguf("smollm2"))
+
+
+def _count(tokenizer: Tokenizer) -> Callable[[str], int]:
+    return lambda text: len(tokenizer.encode(text))
+
+
+@pytest.mark.slow
+def test_pruning_finds_redundancy_in_text_and_leaves_json(smollm2_tokenizer: Tokenizer) -> None:
+    config, count = PruningConfig.load(), _count(smollm2_tokenizer)
+    before: dict[str, int] = {}
+    after: dict[str, int] = {}
+    for t in generate_transcripts(100, seed=0):
+        for o in t.observations:
+            result = prune(o.text, "tool", o.tool, config, count)
+            before[o.kind] = before.get(o.kind, 0) + result.tokens_before
+            after[o.kind] = after.get(o.kind, 0) + result.tokens_after
+    saved = {kind: 1 - after[kind] / before[kind] for kind in before}
+    assert saved["json"] == 0
+    assert all(0.03 < saved[kind] < 0.5 for kind in ("listing", "log", "tree")), saved
+    full_tokens = [sum(count(m.content) for g in t.message_groups() for m in g) for t in generate_transcripts(100, 0)]
+    assert min(full_tokens) >= 350 and max(full_tokens) <= 1100 and 550 <= sum(full_tokens) / 100 <= 850
+
+
+def test_answer_check_wants_the_whole_value() -> None:
+    assert mentions("The file is `queries.py`.", "queries.py")
+    assert mentions("src/billing/queries.py", "queries.py")
+    assert mentions("Id: 49", "49") and not mentions("149", "49") and not mentions("id 490", "49")
+    assert mentions("com.shop.search.RefundConflictException", "RefundConflictException")
+    assert not mentions("RefundConflict", "RefundConflictException")
+
+
+def test_token_agreement_counts_positions_up_to_sixteen() -> None:
+    assert token_agreement([1, 2, 3], [1, 2, 3]) == 1.0
+    assert token_agreement([1, 9, 3, 4], [1, 2, 3, 4]) == 0.75
+    assert token_agreement([1, 2], [1, 2, 3, 4]) == 0.5  # stopped early: the missing positions disagree
+    assert token_agreement([*range(16), 99], [*range(16), 7]) == 1.0  # only the first 16 count
+    assert token_agreement([], []) == 1.0
+
+
+def test_cli_rejects_bad_settings_before_loading_a_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "quality", "--out", str(tmp_path), "--transcripts", "0"])
+    assert exit_info.value.code == EXIT_BAD_INPUT and "--transcripts" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory: pytest.TempPathFactory) -> QualityResult:
+    settings = QualityBenchSettings(model="smollm2", transcripts=3, seed=0)
+    return run_benchmark(settings, tmp_path_factory.mktemp("quality-bench"))
+
+
+def _tool_block(content: str) -> str:
+    """SmolLM2's chat template writes a tool message as a ChatML block with the content verbatim."""
+    return f"<|im_start|>tool\n{content}<|im_end|>\n"
+
+
+def _hand_counts(t: Transcript, count: Callable[[str], int], keep: int) -> dict[str, tuple[int, int]]:
+    """Per variant: (observation tokens in the prompt, of which the answer attends to)."""
+    config = PruningConfig.load()
+    full = [count(_tool_block(o.text)) for o in t.observations]
+    pruned = [count(_tool_block(prune(o.text, "tool", o.tool, config, count).text)) for o in t.observations]
+    old = len(t.observations) - keep
+    dropped = [count(_tool_block(f"Old environment output: ({len(o.text.splitlines())} lines omitted)"))
+               if i < old else full[i] for i, o in enumerate(t.observations)]
+    return {"full": (sum(full), sum(full)), "pruned": (sum(pruned), sum(pruned)),
+            "masked": (sum(full), sum(full[old:])), "pruned+masked": (sum(pruned), sum(pruned[old:])),
+            "dropped": (sum(dropped), sum(dropped))}
+
+
+
+
+@pytest.mark.slow
+def test_three_transcripts_every_figure_recounted(three: QualityResult, smollm2_tokenizer: Tokenizer) -> None:
+    report = json.loads(three.files.json.read_text())
+    keep = TrajectorySettings().masks.keep_last_tool_observations
+    transcripts = generate_transcripts(3, seed=0)
+    entries = report["transcripts"]
+    for t, entry, (kind, position, count, asked, answer) in zip(transcripts, entries, EXPECTED, strict=True):
+        assert (t.kind, t.position, len(t.observations), t.target, t.answer) == (kind, position, count, asked, answer)
+        assert (entry["kind"], entry["position"], entry["answer"]) == (kind, position, answer)
+        for variant, (seen, attended) in _hand_counts(t, _count(smollm2_tokenizer), keep).items():
+            outcome = entry["variants"][variant]
+            assert (outcome["observation_tokens"], outcome["attended_observation_tokens"]) == (seen, attended)
+            assert outcome["correct"] == _holds(outcome["text"], answer)
+    for variant in VARIANTS:
+        _check_variant(report["variants"][variant], [e["variants"][variant] for e in entries],
+                       [e["variants"]["full"] for e in entries])
+
+
+def _check_variant(figures: dict[str, Any], own: list[dict[str, Any]], full: list[dict[str, Any]]) -> None:
+    saved = 1 - sum(o["attended_observation_tokens"] for o in own) / sum(f["observation_tokens"] for f in full)
+    assert figures["tokens_saved_ratio"] == pytest.approx(saved)
+    answered = [i for i, f in enumerate(full) if f["correct"]]
+    retention = sum(own[i]["correct"] for i in answered) / len(answered) if answered else None
+    assert figures["answer_retention"] == (pytest.approx(retention) if answered else None)
+    assert figures["accuracy"] == pytest.approx(sum(o["correct"] for o in own) / 3)
+    same = [o["token_ids"][:16] == f["token_ids"][:16] for o, f in zip(own, full, strict=True)]
+    assert figures["continuation_agreement"] == pytest.approx(sum(same) / 3)
+    shares = []
+    for o, f in zip(own, full, strict=True):
+        a, b = o["token_ids"][:16], f["token_ids"][:16]
+        shares.append(sum(x == y for x, y in zip(a, b, strict=False)) / max(len(a), len(b), 1))
+    assert figures["mean_token_agreement"] == pytest.approx(sum(shares) / 3)
+    met = figures["tokens_saved_ratio"] >= 0.3 and retention is not None and retention >= 0.95
+    assert figures["goal"]["met"] == met
+
+
+@pytest.mark.slow
+def test_three_transcripts_saving_order_and_report_files(three: QualityResult) -> None:
+    variants = three.report["variants"]
+    saved = {v: variants[v]["tokens_saved_ratio"] for v in VARIANTS}
+    assert saved["full"] == 0 and 0 < saved["pruned"] < saved["pruned+masked"]
+    assert saved["masked"] < saved["pruned+masked"] and 0 < saved["dropped"] < saved["masked"]
+    assert variants["full"]["continuation_agreement"] == 1.0
+    assert variants["masked"]["continuation_agreement"] < 1.0  # the masks reach the engine's attention
+    markdown = three.files.markdown.read_text()
+    assert all(f"| {v} |" in markdown for v in VARIANTS) and "goal (>=30% saved, >=95% retained)" in markdown
+    assert three.files.chart.read_bytes().startswith(b"\x89PNG")
