@@ -7,6 +7,9 @@
   agent session. An "append" turn sends only its new messages with `previous_response_id`; a "last_action"
   turn sends its whole short input (previous reply and new messages) and starts afresh on the connection.
 
+A turn whose workload speaks function calling carries chat `tools` (sent with each chat request) and `tool`
+messages; over the WebSocket a tool message goes as a `function_call_output` item.
+
 Every request asks for exactly `max_output_tokens` tokens (`ignore_eos`, greedy). TTFT is timed to the first
 streamed token: the first chat chunk carrying a delta (the gateway sends the role chunk with the first
 token), or the first `response.output_text.delta` (the terminal event when none came before it).
@@ -101,6 +104,9 @@ class ChatSession:
         messages = self.messages(turn)
         body = {"model": self.model, "messages": messages, "stream": True,
                 "stream_options": {"include_usage": True}, **_sampling(turn.max_output_tokens)}
+        tools = getattr(turn, "tools", ())  # warm-up turns offer none
+        if tools:
+            body["tools"] = list(tools)
         async with self.pool.client() as http:
             reply = await stream_chat(http, body, self.headers)
         self.last_reply = {"role": "assistant", "content": reply.text}
@@ -143,10 +149,11 @@ class WsSession:
         event: dict[str, Any] = {"type": "response.create", "model": self.model, "temperature": 0,
                                  "ignore_eos": True, "max_output_tokens": turn.max_output_tokens}
         continuing = turn.history == "append" and self.previous_id is not None
+        new = [_ws_item(message) for message in turn.new_messages]
         if continuing:
-            return {**event, "input": list(turn.new_messages), "previous_response_id": self.previous_id}
+            return {**event, "input": new, "previous_response_id": self.previous_id}
         earlier = [{"role": "assistant", "content": self.last_reply}] if self.previous_id is not None else []
-        return {**event, "input": [*earlier, *turn.new_messages], "instructions": self.system or None}
+        return {**event, "input": [*earlier, *new], "instructions": self.system or None}
 
     async def send(self, turn: TurnInput) -> Reply:
         start = time.perf_counter()
@@ -167,6 +174,12 @@ class WsSession:
         usage = response.usage
         cached = usage.input_tokens_details.cached_tokens if usage.input_tokens_details else 0
         return Reply(text, e2e if ttft is None else ttft, e2e, usage.input_tokens, cached, usage.output_tokens)
+
+
+def _ws_item(message: dict[str, str]) -> dict[str, str]:
+    if message["role"] != "tool":
+        return message
+    return {"type": "function_call_output", "call_id": message["tool_call_id"], "output": message["content"]}
 
 
 def _ws_error(event: Any) -> str:

@@ -2,7 +2,8 @@
 
 A chat request joins an agent session with the header `X-Session-Id` (or `metadata.session_id`, or
 `user`); the session keeps its history and KV between turns, so each turn prefills only its new messages.
-Without one, the request is its own session and still reuses cached prefixes.
+Without one, the request is its own session and still reuses cached prefixes. `metadata.observation_users`
+overrides which user messages are observations (`trajectory.observations`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from engine.sampling import TokenLogprob
 from gateway.access import request_principal
 from gateway.auth import Principal
 from gateway.errors import APIError
-from gateway.protocol import ChatCompletionRequest, CompletionRequest
+from gateway.protocol import ChatCompletionRequest, CompletionRequest, observation_rule
 from gateway.serving import ChoiceResult, TurnStats, Usage, generate_choices, record_reply, turn_stats
 from gateway.state import GatewayState
 from gateway.streaming import ChatStreamWriter, drain, sse_error, sse_response, started, until_done_or_gone
@@ -48,6 +49,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     gw = gateway_state(request)
     check_model(gw, body.model)
     session_id = x_session_id or (body.metadata or {}).get("session_id") or body.user
+    observation_rule(body.metadata)
     writer = ChatStreamWriter(gw.model_name, bool(body.tools), body.n, gw.tokenizer.decode)
     usage = Usage()
     events = _chat_events(gw, body, session_id, writer, usage, principal)
@@ -65,7 +67,7 @@ async def _chat_events(gw: GatewayState, body: ChatCompletionRequest, session_id
     async with gw.sessions.open(session_id, body.tools) as turn:
         new = gw.sessions.new_messages(turn, messages) if turn.persistent else messages
         turn.trajectory.vip = principal.is_vip
-        plan = turn.trajectory.add_messages(new)
+        plan = turn.trajectory.add_messages(new, observation_users=observation_rule(body.metadata))
         session = plan.session if turn.persistent else None
         stats = turn_stats("chat", plan, turn.persistent)
         async for index, out in generate_choices(gw, plan.prompt_token_ids, params, stats, plan.masked_spans,

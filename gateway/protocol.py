@@ -7,6 +7,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from engine.sampling import SamplingParams
+from gateway.errors import APIError
+from trajectory.observations import ObservationUsers, observation_users
 from trajectory.template_types import Message
 
 
@@ -35,6 +37,17 @@ def content_text(content: str | list[dict[str, Any]] | None) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     return "".join(str(part.get("text", "")) for part in content if "text" in str(part.get("type", "text")))
+
+
+def observation_rule(metadata: dict[str, str] | None) -> ObservationUsers | None:
+    """The request's `metadata.observation_users` (which user messages are observations), None when unset."""
+    value = (metadata or {}).get("observation_users")
+    if value is None:
+        return None
+    try:
+        return observation_users(value)
+    except ValueError as error:
+        raise APIError(400, str(error), param="metadata.observation_users") from error
 
 
 class SamplingFields(_Body):

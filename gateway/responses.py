@@ -26,7 +26,7 @@ from gateway.access import request_principal
 from gateway.auth import Principal
 from gateway.chat import check_model, gateway_state
 from gateway.errors import APIError
-from gateway.protocol import content_text
+from gateway.protocol import content_text, observation_rule
 from gateway.responses_events import TERMINAL_EVENTS, Event, ResponseStream, sse_event
 from gateway.serving import generate_choices, record_reply, turn_stats
 from gateway.sessions import SessionTurn
@@ -200,7 +200,8 @@ def _prepare(gw: GatewayState, body: ResponseCreateRequest, target: SessionTarge
              ) -> tuple[TurnPlan, list[int], SamplingParams]:
     """The turn's plan, the prompt to run (a warm-up prefills the history without the assistant header)
     and its sampling parameters; RequestError when the engine would refuse them."""
-    plan = turn.trajectory.add_messages(input_messages(body, target.starting))
+    plan = turn.trajectory.add_messages(input_messages(body, target.starting),
+                                        observation_users=observation_rule(body.metadata))
     max_tokens = (body.max_output_tokens or gw.settings.default_max_tokens) if body.generate else 1
     params = SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
                             ignore_eos=body.ignore_eos, slo_class=target.slo_class)

@@ -1,7 +1,8 @@
 """One agent session turned into the least work for the engine.
 
-Each turn: prune new tool observations once (history stays append-only), render the new messages
-incrementally into token ids, mask tool observations that fell out of the last K, classify the turn
+Each turn: prune new observations once (history stays append-only; `trajectory.observations` says which
+messages are observations), render the new messages incrementally into token ids, mask observations that
+fell out of the last K, classify the turn
 think or act, and hand the engine the whole history with the session's KV pin; the engine then computes
 only the tokens the pinned KV lacks (the turn delta). The reply is recorded with the engine's own ids.
 """
@@ -16,8 +17,9 @@ from engine.mask import MaskedSpan
 from engine.sequence import SessionRef
 from engine.tokenizer import Tokenizer
 from trajectory.masks import update_masks
+from trajectory.observations import ObservationUsers, is_observation
 from trajectory.phase import PhaseConfig, PhaseEstimate, TurnFeatures, classify_turn
-from trajectory.pruning import PruneResult, PruningConfig, prune
+from trajectory.pruning import OBSERVATION_ROLE, PruneResult, PruningConfig, prune
 from trajectory.session import SessionState, TurnRecord
 from trajectory.settings import TrajectorySettings
 from trajectory.template_incremental import IncrementalRenderer
@@ -72,11 +74,14 @@ class Trajectory:
     def to_bytes(self) -> bytes:
         return self.state.to_bytes()
 
-    def add_messages(self, messages: Sequence[Message], now: float | None = None) -> TurnPlan:
+    def add_messages(self, messages: Sequence[Message], now: float | None = None,
+                     observation_users: ObservationUsers | None = None) -> TurnPlan:
+        """The plan for a turn adding `messages`; `observation_users` overrides the rule in the pruning config."""
         now = time.time() if now is None else now
         observe_turn_arrival(self.state, now, self.policies.settings.ttl)
         start = self.state.num_tokens
-        pruning = [self._append(message, now) for message in messages]
+        rule = observation_users or self.policies.pruning.observation_users
+        pruning = [self._append(message, now, rule) for message in messages]
         self._sync()
         update_masks(self.state, self.policies.settings.masks)
         header = self.renderer.generation_prompt_ids()
@@ -109,17 +114,19 @@ class Trajectory:
         after a tool call is announced, and pass it to the engine (`LLMEngine.set_session_ttl`)."""
         return pin_ttl(self.state, time.time() if now is None else now, self.policies.settings.ttl)
 
-    def _append(self, message: Message, now: float) -> PruneResult | None:
+    def _append(self, message: Message, now: float, rule: ObservationUsers) -> PruneResult | None:
+        after_assistant = any(turn.role == "assistant" for turn in self.state.turns)
+        observation = is_observation(message, after_assistant, rule)
         result = None
-        if self.policies.settings.prune and message.role == "tool":
-            result = prune(message.content, message.role, self._tool_name(message), self.policies.pruning,
+        if self.policies.settings.prune and observation:
+            result = prune(message.content, OBSERVATION_ROLE, self._tool_name(message), self.policies.pruning,
                            lambda text: len(self.renderer.tokenizer.encode(text)))
             message = Message(message.role, result.text, message.tool_calls, message.tool_call_id, message.name)
         start = self.state.num_tokens
         self.renderer.append(message)
         self._sync()
         self.state.turns.append(TurnRecord(message.role, start, self.state.num_tokens, self._tool_name(message),
-                                           result.tokens_before if result else None, at=now))
+                                           observation, result.tokens_before if result else None, at=now))
         return result
 
     def _tool_name(self, message: Message) -> str | None:

@@ -1,5 +1,6 @@
-"""The default sparse-history policy: keep attention sinks, the system prompt, every user and assistant
-turn and the last K tool observations; older tool observations are masked from the current position on.
+"""The default sparse-history policy: keep attention sinks, the system prompt, the instruction, every
+assistant turn and the last K observations (`trajectory.observations`, recorded on each `TurnRecord`); older
+observations are masked from the current position on.
 
 Rules only accumulate (a span once masked stays masked for later positions), so the KV computed under
 earlier rules stays valid and a cold run with the same rules computes the same KV.
@@ -13,12 +14,12 @@ from trajectory.settings import MaskSettings
 
 
 def update_masks(state: SessionState, settings: MaskSettings) -> list[MaskedSpan]:
-    """Add spans for tool observations that fell out of the last K; returns the new spans."""
+    """Add spans for observations that fell out of the last K; returns the new spans."""
     if not settings.enabled:
         return []
-    tool_turns = [turn for turn in state.turns if turn.role == "tool"]
+    observations = [turn for turn in state.turns if turn.observation]
     keep = settings.keep_last_tool_observations
-    old = tool_turns[:-keep] if keep > 0 else tool_turns
+    old = observations[:-keep] if keep > 0 else observations
     masked = {span.start for span in state.masked_spans}
     now = state.num_tokens
     added = []

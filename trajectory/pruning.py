@@ -1,6 +1,6 @@
-"""Token pruning on ingest: a tool result or observation is pruned once, when it enters the session, so the
-history stays append-only and its cached KV stays valid. Rules live in `pruning_rules`; this module holds
-the per-role and per-tool configuration (`configs/pruning.yaml`) and the `prune` entry point."""
+"""Token pruning on ingest: an observation (`trajectory.observations`) is pruned once, when it enters the
+session, so the history stays append-only and its cached KV stays valid. Rules live in `pruning_rules`; this
+module holds the per-role and per-tool configuration (`configs/pruning.yaml`) and the `prune` entry point."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from trajectory.observations import ObservationUsers
 from trajectory.pruning_rules import RULE_NAMES, PruningRules, parses_as_json, prune_lines
 
+OBSERVATION_ROLE = "tool"  # observations, user-message ones included, are pruned under this role's rules
 DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "pruning.yaml"
 
 RuleOverrides = dict[str, Any]
@@ -31,11 +33,13 @@ class PruneResult:
 
 class PruningConfig(BaseModel):
     """Rules for a message: `defaults`, then the overrides for its role, then those for its tool. Roles in
-    `unpruned_roles` (the system prompt, the user's instruction) are never pruned, whatever the overrides."""
+    `unpruned_roles` are never pruned, whatever the overrides; an observation is pruned as `OBSERVATION_ROLE`.
+    `observation_users` is the rule that makes a user message an observation (`trajectory.observations`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     unpruned_roles: frozenset[str] = frozenset({"system", "user"})
+    observation_users: ObservationUsers = "after_assistant"
     defaults: PruningRules = Field(default_factory=PruningRules)
     roles: dict[str, RuleOverrides] = Field(default_factory=dict)
     tools: dict[str, RuleOverrides] = Field(default_factory=dict)

@@ -26,6 +26,7 @@ class TurnRecord:
     token_start: int
     token_end: int
     tool: str | None = None  # the tool whose result this is
+    observation: bool = False  # pruned on ingest and maskable (`trajectory.observations`)
     tokens_before_pruning: int | None = None  # None: not pruned
     phase: str | None = None  # think | act, for the turn this message opened
     confidence: float | None = None
@@ -80,7 +81,7 @@ class SessionState:
         return cls(
             session_id=payload["session_id"],
             rendered=[_turn_from_json(t) for t in payload["rendered"]],
-            turns=[TurnRecord(**t) for t in payload["turns"]],
+            turns=[_record_from_json(t) for t in payload["turns"]],
             masked_spans=[MaskedSpan(*span) for span in payload["masked_spans"]],
             tool_gaps={name: ToolGap(**gap) for name, gap in payload["tool_gaps"].items()},
             pending_tools=payload["pending_tools"],
@@ -104,6 +105,11 @@ class SessionState:
             "prefix_stable": self.prefix_stable,
             "client_digests": self.client_digests,
         }
+
+
+def _record_from_json(data: dict[str, Any]) -> TurnRecord:
+    """Sessions stored before `observation` was recorded counted tool messages only."""
+    return TurnRecord(**{"observation": data["role"] == "tool", **data})
 
 
 def _turn_to_json(turn: RenderedTurn) -> dict[str, Any]:

@@ -24,12 +24,13 @@ class TTLSettings(BaseModel):
 
 
 class MaskSettings(BaseModel):
-    """Sparse history masks: older tool observations are skipped by attention."""
+    """Sparse history masks: observations older than the last K (tool messages, function call outputs and,
+    under `observation_users` in configs/pruning.yaml, user messages) are skipped by attention."""
 
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = True
-    keep_last_tool_observations: int = 2
+    keep_last_tool_observations: int = 2  # observations of any kind, the name kept for configs
     sink_tokens: int = 4  # the first tokens are never masked (attention sinks)
 
 

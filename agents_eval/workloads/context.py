@@ -4,6 +4,9 @@ A request is the system message, the history its turn keeps, its new messages, e
 template's markers, then the generation prompt, then the reply. The default template (trajectory.template)
 costs 13 tokens a user or assistant message and 14 a system message with the built-in tokenizer, and 8 for
 bos plus the generation prompt; we allow 16 a message for a checkpoint template's slightly longer markers.
+Function calling adds the tools block (72 tokens for a synthetic agent's one function) to every prompt and
+the call id and name to each tool message (21 tokens), both measured with the default template and the
+built-in tokenizer; we allow 96 and 24.
 
 A turn that does not fit has its new content cut to fit, when at least one token of it does; otherwise it and
 every later turn of its session are dropped (an append-only history only grows, so later turns fit even less).
@@ -18,6 +21,8 @@ from agents_eval.workloads.types import APPEND, SessionScript, Turn
 
 MESSAGE_OVERHEAD_TOKENS = 16
 PROMPT_OVERHEAD_TOKENS = 8
+TOOLS_BLOCK_TOKENS = 96
+TOOL_MESSAGE_EXTRA_TOKENS = 24
 
 
 @dataclass
@@ -39,6 +44,7 @@ class ContextFit:
     max_model_len: int | None  # None: no limit
     message_overhead: int = MESSAGE_OVERHEAD_TOKENS
     prompt_overhead: int = PROMPT_OVERHEAD_TOKENS
+    tool_message_extra: int = 0  # on top of message_overhead, per tool message
     counts: FitCounts = field(default_factory=FitCounts)
 
     def fit(self, session: SessionScript) -> SessionScript | None:
@@ -46,10 +52,13 @@ class ContextFit:
         if self.max_model_len is None:
             return session
         turns: list[Turn] = []
-        history = messages = previous_output = 0
+        history = messages = previous_output = tool_messages = 0
         for index, turn in enumerate(session.turns):
             kept, kept_messages = (history, messages) if turn.history == APPEND else (previous_output, min(index, 1))
-            fixed = self._fixed_tokens(session, turn, kept, kept_messages)
+            kept_tools = tool_messages if turn.history == APPEND else 0
+            new_tools = sum(message["role"] == "tool" for message in turn.new_messages)
+            fixed = (self._fixed_tokens(session, turn, kept, kept_messages)
+                     + (kept_tools + new_tools) * self.tool_message_extra)
             fitted = _cut_to(turn, self.max_model_len - fixed, self.counts)
             if fitted is None:
                 self.counts.dropped_turns += len(session.turns) - index
@@ -57,6 +66,7 @@ class ContextFit:
             turns.append(fitted)
             history = kept + fitted.new_tokens + fitted.max_output_tokens
             messages = kept_messages + len(fitted.new_messages) + 1
+            tool_messages = kept_tools + new_tools
             previous_output = fitted.max_output_tokens
         if not turns:
             self.counts.dropped_sessions += 1

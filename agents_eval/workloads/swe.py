@@ -22,7 +22,7 @@ from agents_eval.workloads.arrivals import ToolGaps
 from agents_eval.workloads.swing import Swing
 from agents_eval.workloads.synthetic import SyntheticOptions, build_synthetic, scaled_tokens, token_text
 from agents_eval.workloads.text import TokenText
-from agents_eval.workloads.types import APPEND, THINK, Workload
+from agents_eval.workloads.types import APPEND, THINK, TOOL_OBSERVATIONS, Workload
 from engine.tokenizer import Tokenizer
 
 SYSTEM_TOKENS = 1536
@@ -44,6 +44,7 @@ class SweShape:
     name: str = "swe"
     history: str = APPEND
     gaps: ToolGaps = TOOL_GAPS
+    tool: str = "shell"
 
     def system_tokens(self, length_scale: float) -> int:
         return scaled_tokens(SYSTEM_TOKENS, length_scale)
@@ -71,11 +72,12 @@ class SweShape:
 def build(*, seed: int = 0, rate: float = 0.2, duration_s: float = 60.0, max_sessions: int | None = None,
           max_requests: int | None = 200, length_scale: float = 0.03, time_scale: float = 1.0,
           tokenizer: Tokenizer | TokenText | None = None, max_model_len: int | None = 2048,
-          swing: Swing | None = None, assumed_reply_s: float = 1.0) -> Workload:
+          swing: Swing | None = None, assumed_reply_s: float = 1.0, observations: str = TOOL_OBSERVATIONS) -> Workload:
     """SWE-agent-shaped sessions arriving at `rate` per second for `duration_s`. At the default length_scale
     most sessions fit the `tiny` model's 2,048-token context (max_model_len; None: no limit), the chat
     template's markers and the replies taking about 60 tokens a turn; longer ones lose their last turns
-    (settings["context_fit"])."""
+    (settings["context_fit"]). `observations`: "tool" sends each observation after the issue as a `tool`
+    message answering a `shell` call (chat function calling), "user" as a user message, as SWE-agent does."""
     options = SyntheticOptions(seed, rate, duration_s, max_sessions, max_requests, length_scale, time_scale,
-                               max_model_len, swing or Swing(), assumed_reply_s)
+                               max_model_len, swing or Swing(), assumed_reply_s, observations)
     return build_synthetic(SweShape(), options, token_text(tokenizer, seed))

@@ -1,6 +1,7 @@
 """The generator shared by the synthetic agent workloads (webarena, swe): a `SessionShape` says how long
 sessions are and how big each turn is in each phase; this module adds open-loop Poisson session arrivals,
-tool gaps, the think/act swing, prompt text, the context fit and truncation.
+tool gaps, the think/act swing, prompt text, the context fit and truncation. Observations after the first
+turn are `tool` messages by default, user messages with `observations="user"` (`types`).
 
 A turn's planned arrival is its session's start plus, for each earlier turn, `assumed_reply_s` (the reply)
 and the tool gap; its phase is drawn from the swing window holding that time.
@@ -10,13 +11,18 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from agents_eval.workloads.arrivals import ToolGaps, poisson_starts
-from agents_eval.workloads.context import ContextFit
+from agents_eval.workloads.context import (
+    PROMPT_OVERHEAD_TOKENS,
+    TOOL_MESSAGE_EXTRA_TOKENS,
+    TOOLS_BLOCK_TOKENS,
+    ContextFit,
+)
 from agents_eval.workloads.swing import Swing
 from agents_eval.workloads.text import TokenText
-from agents_eval.workloads.types import SessionScript, Turn, Workload
+from agents_eval.workloads.types import TOOL_OBSERVATIONS, USER_OBSERVATIONS, SessionScript, Turn, Workload
 from engine.tokenizer import Tokenizer
 
 
@@ -29,6 +35,11 @@ class SessionShape(Protocol):
 
     @property
     def gaps(self) -> ToolGaps: ...
+
+    @property
+    def tool(self) -> str:
+        """The function whose results are this agent's observations."""
+        ...
 
     def system_tokens(self, length_scale: float) -> int: ...
 
@@ -53,12 +64,33 @@ class SyntheticOptions:
     max_model_len: int | None
     swing: Swing = field(default_factory=Swing)
     assumed_reply_s: float = 1.0
+    observations: str = TOOL_OBSERVATIONS  # TOOL_OBSERVATIONS | USER_OBSERVATIONS
+
+    def __post_init__(self) -> None:
+        if self.observations not in (TOOL_OBSERVATIONS, USER_OBSERVATIONS):
+            raise ValueError(f"observations must be {TOOL_OBSERVATIONS!r} or {USER_OBSERVATIONS!r}, "
+                             f"not {self.observations!r}")
+
+    def context_fit(self) -> ContextFit:
+        if self.observations == USER_OBSERVATIONS:
+            return ContextFit(self.max_model_len)
+        return ContextFit(self.max_model_len, tool_message_extra=TOOL_MESSAGE_EXTRA_TOKENS,
+                          prompt_overhead=PROMPT_OVERHEAD_TOKENS + TOOLS_BLOCK_TOKENS)
 
     def settings(self) -> dict[str, object]:
         return {"seed": self.seed, "rate": self.rate, "duration_s": self.duration_s,
                 "max_sessions": self.max_sessions, "max_requests": self.max_requests,
                 "length_scale": self.length_scale, "time_scale": self.time_scale,
-                "max_model_len": self.max_model_len, "assumed_reply_s": self.assumed_reply_s}
+                "max_model_len": self.max_model_len, "assumed_reply_s": self.assumed_reply_s,
+                "observations": self.observations}
+
+
+def tool_schema(name: str) -> dict[str, Any]:
+    """The chat `tools` entry of an agent's one function: it takes the action as one string."""
+    return {"type": "function", "function": {"name": name, "description": f"Run a {name} action.",
+                                             "parameters": {"type": "object",
+                                                            "properties": {"action": {"type": "string"}},
+                                                            "required": ["action"]}}}
 
 
 def scaled_tokens(tokens: float, length_scale: float) -> int:
@@ -78,7 +110,7 @@ def build_synthetic(shape: SessionShape, options: SyntheticOptions, text: TokenT
     system = text.block((shape.name, "system"), system_tokens)
     scripts = [_session(shape, options, text, index, start, system, system_tokens)
                for index, start in enumerate(starts)]
-    fit = ContextFit(options.max_model_len)
+    fit = options.context_fit()
     sessions = fit.fit_all(scripts)
     last_planned = max((t.planned_at_s or 0.0 for s in sessions for t in s.turns), default=0.0)
     settings = {**options.settings(), "shape": shape.settings(options.length_scale),
@@ -92,6 +124,7 @@ def _session(shape: SessionShape, options: SyntheticOptions, text: TokenText, in
              system: str, system_tokens: int) -> SessionScript:
     rng = random.Random(f"{options.seed}:{shape.name}:{index}")
     session_id = f"{shape.name}-{options.seed}-{index:05d}"
+    tools = (tool_schema(shape.tool),) if options.observations == TOOL_OBSERVATIONS else ()
     turns, at = [], start
     for step in range(shape.turn_count(rng)):
         gap = shape.gaps.draw(rng, options.time_scale) if step else 0.0
@@ -99,7 +132,14 @@ def _session(shape: SessionShape, options: SyntheticOptions, text: TokenText, in
             at += options.assumed_reply_s + gap
         phase = options.swing.draw(rng, at)
         new_tokens, output_tokens = shape.turn_sizes(rng, phase, options.length_scale)
-        message = {"role": "user", "content": text.block((session_id, step), new_tokens)}
+        message = _observation(step, text.block((session_id, step), new_tokens), shape.tool, bool(tools))
         turns.append(Turn(start if step == 0 else None, gap, (message,), new_tokens, output_tokens, phase,
-                          shape.history, at))
+                          shape.history, at, tools))
     return SessionScript(session_id, start, system, tuple(turns), system_tokens)
+
+
+def _observation(step: int, content: str, tool: str, as_tool: bool) -> dict[str, str]:
+    """The first turn's task is a user message; later observations answer the previous reply's call."""
+    if step == 0 or not as_tool:
+        return {"role": "user", "content": content}
+    return {"role": "tool", "tool_call_id": f"call_{step - 1}", "name": tool, "content": content}

@@ -5,6 +5,12 @@ A turn's prompt is the session's system message, the history its `history` mode 
 history. Token counts here are of message content only; the chat template's markers come on top
 (`agents_eval.workloads.context`).
 
+Observations: the synthetic agents (swe, webarena) speak function calling by default: after the first turn
+(the task, a user message) each turn's observation is a `tool` message answering a call of the previous
+reply, and every turn offers the session's `tools`. With `observations="user"` they send observations as
+user messages, as SWE-agent and WebArena do. Replies are replayed text (ignore_eos), so the assistant message
+a client keeps is the reply as streamed; the tool message's `tool_call_id` names the call it stands for.
+
 A turn with `at_s` (trace replay) is due at that time from the run start, and is sent once the previous
 reply is in if that comes later; a turn without is sent `tool_gap_s` after the previous reply.
 """
@@ -12,11 +18,14 @@ reply is in if that comes later; a turn without is sent `tool_gap_s` after the p
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 THINK = "think"
 ACT = "act"
 APPEND = "append"
 LAST_ACTION = "last_action"
+TOOL_OBSERVATIONS = "tool"
+USER_OBSERVATIONS = "user"
 
 
 @dataclass(frozen=True)
@@ -31,6 +40,7 @@ class Turn:
     # When the generator planned the turn to arrive (`at_s` for trace replay; for closed-loop turns, the session
     # start plus tool gaps plus an assumed time per reply): what phase windows and `Workload.truncate` go by.
     planned_at_s: float | None = None
+    tools: tuple[dict[str, Any], ...] = ()  # chat `tools` the request offers (function calling)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from agents_eval.workloads.arrivals import ToolGaps
 from agents_eval.workloads.swing import Swing
 from agents_eval.workloads.synthetic import SyntheticOptions, build_synthetic, scaled_tokens, token_text
 from agents_eval.workloads.text import TokenText
-from agents_eval.workloads.types import ACT, LAST_ACTION, THINK, Workload
+from agents_eval.workloads.types import ACT, LAST_ACTION, THINK, TOOL_OBSERVATIONS, Workload
 from engine.tokenizer import Tokenizer
 
 SYSTEM_TOKENS = 1024
@@ -42,6 +42,7 @@ class WebArenaShape:
     name: str = "webarena"
     history: str = LAST_ACTION
     gaps: ToolGaps = TOOL_GAPS
+    tool: str = "browser"
 
     def system_tokens(self, length_scale: float) -> int:
         return scaled_tokens(SYSTEM_TOKENS, length_scale)
@@ -66,9 +67,10 @@ class WebArenaShape:
 def build(*, seed: int = 0, rate: float = 0.2, duration_s: float = 60.0, max_sessions: int | None = None,
           max_requests: int | None = 200, length_scale: float = 0.25, time_scale: float = 1.0,
           tokenizer: Tokenizer | TokenText | None = None, max_model_len: int | None = 2048,
-          swing: Swing | None = None, assumed_reply_s: float = 1.0) -> Workload:
+          swing: Swing | None = None, assumed_reply_s: float = 1.0, observations: str = TOOL_OBSERVATIONS) -> Workload:
     """WebArena-shaped sessions arriving at `rate` per second for `duration_s`; `max_model_len` defaults to
-    the `tiny` model's context (configs/models/tiny.yaml), None for no limit."""
+    the `tiny` model's context (configs/models/tiny.yaml), None for no limit. `observations`: "tool" sends each
+    page after the first as a `tool` message answering a `browser` call, "user" as a user message (WebArena's)."""
     options = SyntheticOptions(seed, rate, duration_s, max_sessions, max_requests, length_scale, time_scale,
-                               max_model_len, swing or Swing(), assumed_reply_s)
+                               max_model_len, swing or Swing(), assumed_reply_s, observations)
     return build_synthetic(WebArenaShape(), options, token_text(tokenizer, seed))

@@ -6,7 +6,6 @@ import json
 import statistics
 from collections.abc import Callable
 from pathlib import Path
-from typing import cast
 
 import pytest
 
@@ -15,7 +14,7 @@ from agents_eval.workloads.swing import Swing
 from agents_eval.workloads.text import TokenText, cut_words
 from agents_eval.workloads.types import SessionScript
 from engine.tokenizer import Tokenizer
-from trajectory.template import DefaultChatTemplate, Message, Role
+from trajectory.template import DefaultChatTemplate, Message
 
 TINY_CONTEXT = 2048
 
@@ -199,6 +198,26 @@ def test_phase_decides_sizes(webarena_sample: Workload) -> None:
     assert max(t.max_output_tokens for t in think) < min(t.max_output_tokens for t in act)
 
 
+@pytest.mark.parametrize(("build", "tool"), [(swe.build, "shell"), (webarena.build, "browser")])
+def test_synthetic_agents_speak_function_calling_by_default(build: Callable[..., Workload], tool: str,
+                                                            text: TokenText) -> None:
+    workload = build(seed=3, tokenizer=text, max_requests=60)
+    assert workload.settings["observations"] == "tool"
+    for session in workload.sessions:
+        roles = [m["role"] for t in session.turns for m in t.new_messages]
+        assert roles == ["user"] + ["tool"] * (len(roles) - 1)
+        for step, turn in enumerate(session.turns[1:]):
+            [message] = turn.new_messages
+            assert message["tool_call_id"] == f"call_{step}" and message["name"] == tool
+        assert {t.tools[0]["function"]["name"] for t in session.turns} == {tool}
+    as_user = build(seed=3, tokenizer=text, max_requests=60, observations="user")
+    assert {m["role"] for s in as_user.sessions for t in s.turns for m in t.new_messages} == {"user"}
+    assert all(t.tools == () for s in as_user.sessions for t in s.turns)
+    assert turn_texts(as_user)[:3] == turn_texts(workload)[:3]
+    with pytest.raises(ValueError, match="observations must be"):
+        build(seed=3, tokenizer=text, observations="assistant")
+
+
 def test_generated_workloads_are_deterministic_by_seed(text: TokenText) -> None:
     for build in (webarena.build, swe.build):
         first = build(seed=5, tokenizer=text)
@@ -238,8 +257,9 @@ def test_truncate_by_duration_bounds_open_loop_arrivals(text: TokenText) -> None
 
 
 @pytest.mark.parametrize(("build", "options"), [(mooncake.build, {}), (webarena.build, {"rate": 1.0}),
-                                                (swe.build, {"rate": 1.0})])
-def test_every_request_fits_the_model_context(build: Callable[..., Workload], options: dict[str, float],
+                                                (swe.build, {"rate": 1.0}),
+                                                (swe.build, {"rate": 1.0, "observations": "user"})])
+def test_every_request_fits_the_model_context(build: Callable[..., Workload], options: dict[str, object],
                                               text: TokenText, tokenizer: Tokenizer) -> None:
     workload = build(seed=2, tokenizer=text, max_requests=120, **options)
     assert workload.num_requests == 120
@@ -255,9 +275,9 @@ def _rendered_requests(session: SessionScript, text: TokenText) -> list[tuple[st
     history: list[Message] = []
     requests = []
     for index, turn in enumerate(session.turns):
-        new = [Message(cast(Role, m["role"]), m["content"]) for m in turn.new_messages]
-        requests.append((template.render(system + history + new, add_generation_prompt=True),
-                         turn.max_output_tokens))
+        new = [Message.from_openai(m) for m in turn.new_messages]
+        requests.append((template.render(system + history + new, list(turn.tools) or None,
+                                          add_generation_prompt=True), turn.max_output_tokens))
         reply = Message("assistant", text.block(("reply", index), turn.max_output_tokens))
         history = [*history, *new, reply] if turn.history == APPEND else [reply]
     return requests

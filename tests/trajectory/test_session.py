@@ -20,7 +20,8 @@ def state_with_tool_turns(count: int) -> SessionState:
         role = "tool" if index % 2 else "assistant"
         ids = tuple(range(position, position + 10))
         state.rendered.append(RenderedTurn(Message(role, f"turn {index}"), f"turn {index}", ids))
-        state.turns.append(TurnRecord(role, position, position + 10, tool="shell" if role == "tool" else None))
+        state.turns.append(TurnRecord(role, position, position + 10, tool="shell" if role == "tool" else None,
+                                      observation=role == "tool"))
         position += 10
     return state
 
@@ -45,6 +46,14 @@ def test_state_round_trips_and_is_compact() -> None:
     assert again == state
     assert again.token_ids == list(range(60))
     assert len(data) < len(zlib.decompress(data)) / 2
+
+
+def test_sessions_stored_before_observations_were_recorded_count_tool_messages() -> None:
+    payload = json.loads(zlib.decompress(state_with_tool_turns(4).to_bytes()))
+    for turn in payload["turns"]:
+        del turn["observation"]
+    again = SessionState.from_bytes(zlib.compress(json.dumps(payload).encode()))
+    assert [turn.observation for turn in again.turns] == [False, True, False, True]
 
 
 def test_unknown_format_version_is_refused() -> None:
