@@ -20,7 +20,7 @@ import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 
 from engine.gguf.reader import GGUFError, open_gguf
-from engine.tokenizer import HFTokenizer
+from engine.tokenizer import HFTokenizer, TokenizerNotFoundError
 
 KEY = "tokenizer.ggml."
 CHAT_TEMPLATE_KEY = "tokenizer.chat_template"
@@ -73,6 +73,11 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
 
 class GGUFTokenizerError(ValueError):
     """A GGUF file that cannot be read, or whose tokenizer metadata is missing, malformed or unsupported."""
+
+
+class GGUFNoTokenizerError(GGUFTokenizerError, TokenizerNotFoundError):
+    """The file has no vocabulary at all: the model serves token ids only, as a checkpoint without tokenizer
+    files does."""
 
 
 @dataclass(frozen=True)
@@ -172,6 +177,8 @@ def _list(fields: dict[str, Any], path: str, key: str, kind: type, required: boo
     value = _contents(fields, path, KEY + key)
     if value is None and not required:
         return []
+    if value is None:
+        raise GGUFNoTokenizerError(f"{path}: no {KEY}{key} in the GGUF metadata")
     if not isinstance(value, list) or not value or not all(isinstance(item, kind) for item in value):
         raise GGUFTokenizerError(f"{path}: {KEY}{key} is missing or not a list of {kind.__name__} in the GGUF metadata")
     return value
