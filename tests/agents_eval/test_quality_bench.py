@@ -89,7 +89,7 @@ def test_pruning_finds_redundancy_in_text_and_leaves_json(smollm2_tokenizer: Tok
             after[o.kind] = after.get(o.kind, 0) + result.tokens_after
     saved = {kind: 1 - after[kind] / before[kind] for kind in before}
     assert saved["json"] == 0
-    assert all(0.03 < saved[kind] < 0.5 for kind in ("listing", "log", "tree")), saved
+    assert 0 < saved["listing"] < 0.1 and all(0.05 < saved[kind] < 0.5 for kind in ("log", "tree")), saved
     full_tokens = [sum(count(m.content) for g in t.message_groups() for m in g) for t in generate_transcripts(100, 0)]
     assert min(full_tokens) >= 350 and max(full_tokens) <= 1100 and 550 <= sum(full_tokens) / 100 <= 850
 
@@ -118,7 +118,7 @@ def test_cli_rejects_bad_settings_before_loading_a_model(tmp_path: Path, capsys:
 
 @pytest.fixture(scope="module")
 def three(tmp_path_factory: pytest.TempPathFactory) -> QualityResult:
-    settings = QualityBenchSettings(model="smollm2", transcripts=3, seed=0)
+    settings = QualityBenchSettings(model="smollm2", transcripts=3, seed=0, num_threads=1)
     return run_benchmark(settings, tmp_path_factory.mktemp("quality-bench"))
 
 

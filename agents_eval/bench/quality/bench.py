@@ -91,7 +91,8 @@ def _run_batch(engine: LLMEngine, prompts: Sequence[dict[str, VariantPrompt]], p
 
 def _outcome(prompt: VariantPrompt, completion: Completion, answer: str) -> Outcome:
     return Outcome(completion.text, completion.token_ids, prompt.observation_tokens,
-                   prompt.attended_observation_tokens, mentions(completion.text, answer))
+                   prompt.attended_observation_tokens, mentions(completion.text, answer),
+                   completion.num_prompt_tokens, completion.num_cached_tokens)
 
 
 def measure(settings: QualityBenchSettings, engine_settings: EngineSettings, progress: Progress) -> Measured:

@@ -1,14 +1,18 @@
 """What one tool call returned, and the question about it whose answer only that output holds.
 
-Name pools are shared by the shell and web generators; every answer is drawn at random (codes, numbers,
-paths), so a model cannot guess it without reading the observation.
+Name pools are shared by the shell and web generators. Every answer is drawn at random (versions, codes,
+amounts, numbers), so a model cannot guess it without reading the observation. Each question names the key
+that sits next to its answer ("the Grand Total", "the error code in the UpstreamError line"): a 135M model
+copies a value found by its key, but does not resolve structure (an element id in brackets, the row of a
+table, a file under one `git status` heading) well enough for the measure to tell history handling apart
+from noise.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 Kind = Literal["listing", "log", "tree", "json"]
@@ -34,9 +38,9 @@ class Observation:
     command: str
     arguments: dict[str, Any]
     text: str
-    question: str  # names the command; ends with how to answer
+    question: str  # names the key next to the answer; ends with how to answer
     answer: str
-    subkind: str = field(default="")
+    subkind: str  # which generator: ls, git, find, traceback, java, deploy, order_page, ...
 
 
 Generator = Callable[[random.Random], Observation]

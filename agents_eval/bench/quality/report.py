@@ -53,7 +53,8 @@ def transcript_entry(result: TranscriptResult) -> dict[str, Any]:
             "answer": t.answer,
             "variants": {v: {"text": o.text, "token_ids": o.token_ids, "correct": o.correct,
                              "observation_tokens": o.observation_tokens,
-                             "attended_observation_tokens": o.attended_observation_tokens}
+                             "attended_observation_tokens": o.attended_observation_tokens,
+                             "prompt_tokens": o.prompt_tokens, "cached_tokens": o.cached_tokens}
                          for v, o in result.outcomes.items()}}
 
 
@@ -128,15 +129,14 @@ def save_chart(report: dict[str, Any], path: Path) -> None:
     for variant, section in report["variants"].items():
         saved, retention = section["tokens_saved_ratio"] or 0.0, section["answer_retention"]
         if retention is not None:
-            axes.scatter([saved], [retention], s=60)
-            axes.annotate(variant, (saved, retention), textcoords="offset points", xytext=(6, 6))
+            axes.scatter([saved], [retention], s=60, label=f"{variant} ({100 * saved:.0f}%, {100 * retention:.0f}%)")
     axes.set_xlim(-0.02, 1.0)
     axes.set_ylim(0, 1.05)
     axes.set_xlabel("observation tokens saved (share of full)")
     axes.set_ylabel("answer retention (share of full's correct answers)")
     axes.set_title(f"History handling on {report['settings']['model']}: answers kept vs tokens saved")
     axes.grid(alpha=0.3)
-    axes.legend(loc="lower left")
+    axes.legend(loc="lower left", title="variant (saved, retained)")
     figure.savefig(path, dpi=120)
 
 

@@ -32,6 +32,8 @@ class Outcome:
     observation_tokens: int
     attended_observation_tokens: int
     correct: bool
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the prefix cache already held (computed by an earlier variant)
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,8 @@ def variant_figures(results: Sequence[TranscriptResult], variant: str) -> dict[s
         "retained": retained,
         "observation_tokens_full": full_tokens,
         "observation_tokens_attended": attended,
+        "prompt_tokens": sum(r.outcomes[variant].prompt_tokens for r in results),
+        "cached_prompt_tokens": sum(r.outcomes[variant].cached_tokens for r in results),
     }
 
 

@@ -48,11 +48,13 @@ class VariantPrompt:
 
 
 def variant_policies(base: Policies, variant: str) -> Policies:
-    """`base` with pruning and masks on or off as the variant wants; K and the rules stay as configured."""
+    """`base` with pruning and masks on or off as the variant wants; K and the rules stay as configured.
+    Observations come as tool messages (function calling), so no user message is one: the closing question
+    is the user's, neither pruned nor counted among the last K."""
     prune, mask = variant in ("pruned", "pruned+masked"), variant in ("masked", "pruned+masked")
     masks = base.settings.masks.model_copy(update={"enabled": mask})
     settings = base.settings.model_copy(update={"prune": prune, "masks": masks})
-    return Policies(settings, base.pruning, base.phase)
+    return Policies(settings, base.pruning.model_copy(update={"observation_users": "never"}), base.phase)
 
 
 def drop_old_observations(groups: Sequence[Sequence[Message]], keep: int) -> list[list[Message]]:
