@@ -83,6 +83,10 @@ class HttpPool:
             await http.aclose()
 
 
+# Every session of the benchmark is an agent: a user message after its first reply is an observation.
+AGENT_METADATA = {"observation_users": "after_assistant"}
+
+
 def _sampling(max_tokens: int) -> dict[str, Any]:
     return {"temperature": 0, "ignore_eos": True, "max_tokens": max_tokens}
 
@@ -102,7 +106,7 @@ class ChatSession:
 
     async def send(self, turn: TurnInput) -> Reply:
         messages = self.messages(turn)
-        body = {"model": self.model, "messages": messages, "stream": True,
+        body = {"model": self.model, "messages": messages, "stream": True, "metadata": AGENT_METADATA,
                 "stream_options": {"include_usage": True}, **_sampling(turn.max_output_tokens)}
         tools = getattr(turn, "tools", ())  # warm-up turns offer none
         if tools:
@@ -147,7 +151,8 @@ class WsSession:
 
     def event(self, turn: TurnInput) -> dict[str, Any]:
         event: dict[str, Any] = {"type": "response.create", "model": self.model, "temperature": 0,
-                                 "ignore_eos": True, "max_output_tokens": turn.max_output_tokens}
+                                 "ignore_eos": True, "max_output_tokens": turn.max_output_tokens,
+                                 "metadata": AGENT_METADATA}
         continuing = turn.history == "append" and self.previous_id is not None
         new = [_ws_item(message) for message in turn.new_messages]
         if continuing:

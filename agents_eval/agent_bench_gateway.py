@@ -95,30 +95,38 @@ def running_gateway(model: str, env: dict[str, str], log_path: Path) -> Iterator
     port = free_port()
     command = [sys.executable, "-m", "gateway.cli", "serve", "--model", model, "--host", "127.0.0.1",
                "--port", str(port)]
+    with running_process(command, port, env, log_path, "/ready", "the gateway") as gateway:
+        yield gateway
+
+
+@contextlib.contextmanager
+def running_process(command: list[str], port: int, env: dict[str, str], log_path: Path, ready_path: str,
+                   name: str, timeout_s: float = READY_TIMEOUT_S) -> Iterator[GatewayProcess]:
+    """A server process, ready once `GET ready_path` answers 200, until the block exits."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True)  # its own group: its worker processes stop with it
-    gateway = GatewayProcess(f"http://127.0.0.1:{port}", process, log_path, env)
+    server = GatewayProcess(f"http://127.0.0.1:{port}", process, log_path, env)
     try:
-        _wait_until_ready(gateway)
-        yield gateway
+        _wait_until_ready(server, ready_path, name, timeout_s)
+        yield server
     finally:
-        stop(gateway)
+        stop(server)
 
 
-def _wait_until_ready(gateway: GatewayProcess) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
+def _wait_until_ready(server: GatewayProcess, ready_path: str, name: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if gateway.process.poll() is not None:
-            raise RuntimeError(f"the gateway exited with status {gateway.process.returncode} before it was "
-                               f"ready; its log ({gateway.log_path}) ends:\n{gateway.log_tail()}")
+        if server.process.poll() is not None:
+            raise RuntimeError(f"{name} exited with status {server.process.returncode} before it was "
+                               f"ready; its log ({server.log_path}) ends:\n{server.log_tail()}")
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{gateway.url}/ready", timeout=1.0).status_code == 200:
+            if httpx.get(f"{server.url}{ready_path}", timeout=1.0).status_code == 200:
                 return
         time.sleep(0.1)
-    raise RuntimeError(f"the gateway at {gateway.url} was not ready within {READY_TIMEOUT_S:.0f} s; its log "
-                       f"({gateway.log_path}) ends:\n{gateway.log_tail()}")
+    raise RuntimeError(f"{name} at {server.url} was not ready within {timeout_s:.0f} s; its log "
+                       f"({server.log_path}) ends:\n{server.log_tail()}")
 
 
 def stop(gateway: GatewayProcess) -> None:

@@ -39,7 +39,7 @@ class PruningConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     unpruned_roles: frozenset[str] = frozenset({"system", "user"})
-    observation_users: ObservationUsers = "after_assistant"
+    observation_users: ObservationUsers = "never"
     defaults: PruningRules = Field(default_factory=PruningRules)
     roles: dict[str, RuleOverrides] = Field(default_factory=dict)
     tools: dict[str, RuleOverrides] = Field(default_factory=dict)

@@ -64,8 +64,14 @@ def test_chat_tool_messages_are_pruned_and_masked(client: openai.OpenAI, gateway
 
 
 def test_chat_user_observations_are_pruned_and_masked(client: openai.OpenAI, gateway_url: str) -> None:
-    pruned, masked = pruned_and_masked(gateway_url, lambda: chat_session(client, "obs-user", "user"))
+    agent = {"observation_users": "after_assistant"}
+    pruned, masked = pruned_and_masked(gateway_url, lambda: chat_session(client, "obs-user", "user", 4, agent))
     assert pruned > 0 and masked > 0
+
+
+def test_a_plain_chat_keeps_its_follow_up_questions(client: openai.OpenAI, gateway_url: str) -> None:
+    pruned, masked = pruned_and_masked(gateway_url, lambda: chat_session(client, "chat-user", "user"))
+    assert pruned == 0 and masked == 0
 
 
 def test_metadata_keeps_user_messages_whole(client: openai.OpenAI, gateway_url: str) -> None:

@@ -18,8 +18,10 @@ SYSTEM = "You are an agent.     Answer.......... now"
 INSTRUCTION = "Buy the the the cheapest mouse.\n" * 3
 
 
-def start(session_id: str) -> Trajectory:
-    return Trajectory.start(session_id, DefaultChatTemplate(), load_tokenizer(None), policies=Policies.load())
+def start(session_id: str, rule: str = "after_assistant") -> Trajectory:
+    policies = Policies.load()
+    policies.pruning = policies.pruning.model_copy(update={"observation_users": rule})
+    return Trajectory.start(session_id, DefaultChatTemplate(), load_tokenizer(None), policies=policies)
 
 
 def play(trajectory: Trajectory, observations: list[Message]) -> list[int]:
@@ -82,7 +84,7 @@ def test_observations_survive_serialisation_and_keep_masking() -> None:
     trajectory = start("restore")
     play(trajectory, [Message("user", NOISY)] * 2)
     restored = Trajectory.restore(trajectory.to_bytes(), DefaultChatTemplate(), load_tokenizer(None),
-                                  policies=Policies.load())
+                                  policies=trajectory.policies)
     assert SessionState.from_bytes(trajectory.to_bytes()).turns == trajectory.state.turns
     assert masked_roles(restored) == []
     restored.record_reply([200], now=3.5)

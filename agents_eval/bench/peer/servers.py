@@ -10,17 +10,13 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import yaml
 
-from agents_eval.agent_bench_gateway import GatewayProcess, free_port, running_gateway, stop
+from agents_eval.agent_bench_gateway import GatewayProcess, free_port, running_gateway, running_process
 from agents_eval.bench.peer.settings import KV_CACHE_BYTES, LLAMA_CPP, PeerSettings, agentserve_env
 from engine.config import CONFIGS_DIR
 from engine.gguf.package import PackagedGGUF
@@ -54,29 +50,9 @@ def llama_cpp_command(model_file: Path, settings: PeerSettings, port: int) -> li
 def running_llama_cpp(model_file: Path, settings: PeerSettings, log_path: Path) -> Iterator[GatewayProcess]:
     port = free_port()
     env = {"OMP_NUM_THREADS": str(settings.threads)}
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(llama_cpp_command(model_file, settings, port), env={**os.environ, **env},
-                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    server = GatewayProcess(f"http://127.0.0.1:{port}", process, log_path, env)
-    try:
-        _wait_for_models(server)
+    with running_process(llama_cpp_command(model_file, settings, port), port, env, log_path, "/v1/models",
+                        "llama.cpp's server", READY_TIMEOUT_S) as server:
         yield server
-    finally:
-        stop(server)
-
-
-def _wait_for_models(server: GatewayProcess) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            raise RuntimeError(f"llama.cpp's server exited with status {server.process.returncode}; its log "
-                               f"({server.log_path}) ends:\n{server.log_tail()}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{server.url}/v1/models", timeout=1.0).status_code == 200:
-                return
-        time.sleep(0.2)
-    raise RuntimeError(f"llama.cpp's server was not ready within {READY_TIMEOUT_S:.0f} s; log: {server.log_path}")
 
 
 def running_server(config: str, settings: PeerSettings, model_file: Path | None,
