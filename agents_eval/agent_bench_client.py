@@ -118,9 +118,9 @@ class ChatSession:
         return reply
 
 
-async def stream_chat(http: httpx.AsyncClient, body: dict[str, Any], headers: dict[str, str]) -> Reply:
-    start = time.perf_counter()
-    ttft, text, usage = None, [], None
+async def chat_chunks(http: httpx.AsyncClient, body: dict[str, Any],
+                      headers: dict[str, str]) -> AsyncIterator[dict[str, Any]]:
+    """The JSON chunks of a streamed chat completion; RequestFailed on an HTTP or in-stream error."""
     async with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as response:
         if response.status_code != 200:
             raise RequestFailed(f"HTTP {response.status_code}: {(await response.aread()).decode()[:300]}")
@@ -130,12 +130,19 @@ async def stream_chat(http: httpx.AsyncClient, body: dict[str, Any], headers: di
             chunk = json.loads(line.removeprefix("data: "))
             if "error" in chunk:
                 raise RequestFailed(f"error in the stream: {chunk['error']}")
-            for choice in chunk.get("choices", []):
-                delta = choice.get("delta") or {}
-                if delta and ttft is None:
-                    ttft = time.perf_counter() - start
-                text.append(delta.get("content") or "")
-            usage = chunk.get("usage") or usage
+            yield chunk
+
+
+async def stream_chat(http: httpx.AsyncClient, body: dict[str, Any], headers: dict[str, str]) -> Reply:
+    start = time.perf_counter()
+    ttft, text, usage = None, [], None
+    async for chunk in chat_chunks(http, body, headers):
+        for choice in chunk.get("choices", []):
+            delta = choice.get("delta") or {}
+            if delta and ttft is None:
+                ttft = time.perf_counter() - start
+            text.append(delta.get("content") or "")
+        usage = chunk.get("usage") or usage
     if usage is None:
         raise RequestFailed("the stream ended without usage")
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)

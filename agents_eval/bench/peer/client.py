@@ -4,14 +4,13 @@ server; each ignores the other's field). Streams are timed per content chunk as 
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from agents_eval.agent_bench_client import SESSION_HEADER, RequestFailed
+from agents_eval.agent_bench_client import SESSION_HEADER, RequestFailed, chat_chunks
 
 PATH = "/v1/chat/completions"
 
@@ -65,20 +64,12 @@ async def stream_chat(http: httpx.AsyncClient, body: dict[str, Any], headers: di
     times: list[float] = []
     pieces: list[str] = []
     usage: dict[str, Any] | None = None
-    async with http.stream("POST", PATH, json=body, headers=headers) as response:
-        if response.status_code != 200:
-            raise RequestFailed(f"HTTP {response.status_code}: {(await response.aread()).decode()[:300]}")
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line.removeprefix("data: "))
-            if "error" in chunk:
-                raise RequestFailed(f"error in the stream: {chunk['error']}")
-            content = "".join((c.get("delta") or {}).get("content") or "" for c in chunk.get("choices", []))
-            if content:
-                times.append(time.perf_counter() - start)
-                pieces.append(content)
-            usage = chunk.get("usage") or usage
+    async for chunk in chat_chunks(http, body, headers):
+        content = "".join((c.get("delta") or {}).get("content") or "" for c in chunk.get("choices", []))
+        if content:
+            times.append(time.perf_counter() - start)
+            pieces.append(content)
+        usage = chunk.get("usage") or usage
     if not times:
         raise RequestFailed("the stream ended without any content")
     return Stream("".join(pieces), tuple(times), time.perf_counter() - start, usage)
