@@ -15,6 +15,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from engine.config import MODELS_DIR, ModelConfig
+from engine.gguf import GGUF_SUFFIX
 from engine.gguf.package import PackagedGGUF, PackagedModelError
 from engine.gguf.quantized import keeps_quantized, quantized_linear
 from engine.gguf.reader import GGUFError, GGUFModel, read_config, read_gguf
@@ -22,7 +23,6 @@ from engine.model import LlamaForCausalLM
 
 INDEX_FILE = "model.safetensors.index.json"
 DROPPED_SUFFIXES = ("rotary_emb.inv_freq",)
-GGUF_SUFFIX = ".gguf"
 GGUFWeights = Literal["dequantize", "quantized"]
 
 

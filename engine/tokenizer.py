@@ -10,12 +10,13 @@ from typing import Any, Protocol
 import sentencepiece as spm
 import tokenizers
 
+from engine.gguf import GGUF_SUFFIX
+
 BUILTIN_MODEL = Path(__file__).resolve().parent.parent / "configs" / "tokenizer" / "agentserve.model"
 HF_TOKENIZER_FILE = "tokenizer.json"
 SP_TOKENIZER_FILE = "tokenizer.model"
 SPECIAL_TOKEN_SOURCES = ("tokenizer_config.json", "special_tokens_map.json", "config.json")
 SP_META_SPACE = "\u2581"
-GGUF_SUFFIX = ".gguf"
 
 
 class TokenizerNotFoundError(ValueError):
