@@ -86,17 +86,18 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
 def _attend_span(q: torch.Tensor, kv_cache: torch.Tensor, span: QuerySpan, scale: float) -> torch.Tensor:
     """q: [query_len, H, D] -> [query_len, H, D]. torch's own GQA path (enable_gqa) gives up the fused CPU
     kernels, so heads are grouped by hand: a lone query's group becomes its query rows (no copy), and a
-    chunk's K/V are repeated per query head."""
-    keys = kv_cache[0].index_select(0, span.context_slots).transpose(0, 1)  # [KV, L, D]
-    values = kv_cache[1].index_select(0, span.context_slots).transpose(0, 1)
-    num_heads, num_kv_heads = q.shape[1], keys.shape[0]
+    chunk's K/V are repeated per query head. Inputs are 4-D (batch 1): with 3-D ones torch takes its
+    unfused math path, three times slower on a decode step."""
+    keys = kv_cache[0].index_select(0, span.context_slots).transpose(0, 1).unsqueeze(0)  # [1, KV, L, D]
+    values = kv_cache[1].index_select(0, span.context_slots).transpose(0, 1).unsqueeze(0)
+    num_heads, num_kv_heads = q.shape[1], keys.shape[1]
     if span.query_len == 1:
-        grouped = q.view(num_kv_heads, num_heads // num_kv_heads, q.shape[2])  # head h uses kv head h // group
+        grouped = q.view(1, num_kv_heads, num_heads // num_kv_heads, q.shape[2])  # head h uses kv head h // group
         out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=span.attn_mask, scale=scale)
         return out.reshape(1, num_heads, q.shape[2])
     if num_kv_heads != num_heads:
-        keys = keys.repeat_interleave(num_heads // num_kv_heads, dim=0)
-        values = values.repeat_interleave(num_heads // num_kv_heads, dim=0)
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=span.attn_mask,
+        keys = keys.repeat_interleave(num_heads // num_kv_heads, dim=1)
+        values = values.repeat_interleave(num_heads // num_kv_heads, dim=1)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys, values, attn_mask=span.attn_mask,
                                          is_causal=span.attn_mask is None, scale=scale)
-    return out.transpose(0, 1)
+    return out.squeeze(0).transpose(0, 1)

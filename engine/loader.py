@@ -120,21 +120,41 @@ def _read_gguf(path: Path) -> GGUFModel:
         raise ModelLoadError(str(err)) from err
 
 
+FUSED_PROJECTIONS = {"self_attn.qkv_proj": ("q_proj", "k_proj", "v_proj"), "mlp.gate_up_proj": ("gate_proj", "up_proj")}
+
+
 def _keep_quantized(model: LlamaForCausalLM, gguf: GGUFModel, device: torch.device | str) -> None:
-    """Swap each linear layer whose GGUF weight is quantized for one that keeps it so (the tied output
-    projection too: it gets its own quantized copy of the embedding)."""
+    """Swap each linear layer whose GGUF weight is quantized for one that keeps it so, fusing the
+    projections that share an input (the tied output projection gets its own quantized copy of the
+    embedding)."""
     if torch.device(device).type != "cpu":
         raise ModelLoadError(f"quantized GGUF weights run on the CPU kernels only, not on {device}")
-    for name, tensor in gguf.tensors.items():
-        module_name = name.removesuffix(".weight")
-        if not name.endswith(".weight") or not keeps_quantized(tensor) or "embed_tokens" in name:
-            continue
-        module = model.get_submodule(module_name)
-        parent_name, _, child = module_name.rpartition(".")
-        model.get_submodule(parent_name).register_module(child, quantized_linear(tensor, _bias(module)))
+    for index in range(model.config.num_hidden_layers):
+        for fused, parts in FUSED_PROJECTIONS.items():
+            _quantize(model, f"model.layers.{index}.{fused}", parts, gguf)
+        _quantize(model, f"model.layers.{index}.self_attn.o_proj", None, gguf)
+        _quantize(model, f"model.layers.{index}.mlp.down_proj", None, gguf)
     embedding = gguf.tensors["model.embed_tokens.weight"]
     if model.config.tie_word_embeddings and keeps_quantized(embedding):
-        model.lm_head = quantized_linear(embedding, None)
+        model.lm_head = quantized_linear([embedding], None)
+    elif "lm_head.weight" in gguf.tensors:
+        _quantize(model, "lm_head", None, gguf)
+
+
+def _quantize(model: LlamaForCausalLM, module_name: str, parts: tuple[str, ...] | None, gguf: GGUFModel) -> None:
+    """Replace `module_name` (or, given `parts`, its sibling linears into one new `module_name`)."""
+    parent_name, _, child = module_name.rpartition(".")
+    parent = model.get_submodule(parent_name)
+    names = parts or (child,)
+    prefix = f"{parent_name}." if parent_name else ""
+    tensors = [gguf.tensors[f"{prefix}{name}.weight"] for name in names]
+    if not all(keeps_quantized(tensor) for tensor in tensors):
+        return
+    biases = [_bias(parent.get_submodule(name)) for name in names]
+    bias = None if any(b is None for b in biases) else torch.cat([b for b in biases if b is not None])
+    for name in names:
+        delattr(parent, name)
+    parent.register_module(child, quantized_linear(tensors, bias))
 
 
 def read_hf_config(directory: Path) -> ModelConfig:

@@ -22,6 +22,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # one op: a decode step has 61
         normed = F.rms_norm(x.float(), self.weight.shape, eps=self.eps)  # in float32, as Hugging Face
         return self.weight * normed.to(x.dtype)
 
@@ -78,6 +80,8 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class Attention(nn.Module):
+    qkv_proj: nn.Module | None
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
@@ -91,26 +95,41 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, kv_size, bias=bias)
         o_bias = bias and config.architecture == "llama"  # Qwen2 has no o_proj bias
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=o_bias)
+        self.register_module("qkv_proj", None)  # q, k and v rows stacked, when a loader fuses them
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv_cache: Tensor,
                 attn: AttentionMetadata) -> Tensor:
-        num_tokens = x.shape[0]
-        q = apply_rope(self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rope(self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
-        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k, v = self._rotated_qkv(x, cos, sin)
         out = paged_attention(q, k, v, kv_cache, attn, self.scale)
-        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
+        return self.o_proj(out.reshape(x.shape[0], self.num_heads * self.head_dim))
+
+    def _rotated_qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q [T, H, D], k and v [T, KV, D], with rotary positions applied to q and k."""
+        num_tokens, heads, kv_heads = x.shape[0], self.num_heads, self.num_kv_heads
+        if self.qkv_proj is None:
+            q = apply_rope(self.q_proj(x).view(num_tokens, heads, self.head_dim), cos, sin)
+            k = apply_rope(self.k_proj(x).view(num_tokens, kv_heads, self.head_dim), cos, sin)
+            return q, k, self.v_proj(x).view(num_tokens, kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x).view(num_tokens, heads + 2 * kv_heads, self.head_dim)
+        qk = apply_rope(qkv[:, :heads + kv_heads], cos, sin)
+        return qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:]
 
 
 class MLP(nn.Module):
+    gate_up_proj: nn.Module | None
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.register_module("gate_up_proj", None)  # gate and up rows stacked, when a loader fuses them
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):

@@ -5,11 +5,17 @@
 - Q8_0 and Q6_K: `_weight_int8pack_mm` takes one scale per output row, not per group, so their values are
   requantized to int8 per row (error at most half a step of the row's scale): the one lossy step.
 
+Projections that read the same input are fused into one matrix at load (q, k, v into `qkv_proj`; gate
+and up into `gate_up_proj`): a decode step then makes four kernel calls per layer instead of seven, and
+the call, not the bytes, is most of a small matrix's cost.
+
 Both kernels are fast with bfloat16 activations and take a slow reference path with float32 ones on CPUs
 without AVX-512, so activations are cast to bfloat16 around the matmul and back.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from gguf import GGMLQuantizationType as QType
@@ -28,13 +34,16 @@ def keeps_quantized(tensor: GGUFTensor) -> bool:
 
 
 class Int4Linear(nn.Module):
-    def __init__(self, tensor: GGUFTensor, bias: Tensor | None) -> None:
+    """The rows of `parts` stacked in order: one matrix of their summed output features."""
+
+    def __init__(self, parts: Sequence[GGUFTensor], bias: Tensor | None) -> None:
         super().__init__()
-        groups = unpack_int4(tensor.data, tensor.qtype)
-        self.out_features, self.in_features = tensor.shape
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(groups.q.int(), INT4_INNER_K_TILES)
-        zero = groups.offset + 8 * groups.scale
-        scales_and_zeros = torch.stack((groups.scale, zero), dim=-1).transpose(0, 1).contiguous()
+        unpacked = [unpack_int4(part.data, part.qtype) for part in parts]
+        q, scale, offset = (torch.cat([getattr(g, field) for g in unpacked]) for field in ("q", "scale", "offset"))
+        self.out_features, self.in_features = q.shape
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.int(), INT4_INNER_K_TILES)
+        zero = offset + 8 * scale
+        scales_and_zeros = torch.stack((scale, zero), dim=-1).transpose(0, 1).contiguous()
         self.register_buffer("packed", packed)
         self.register_buffer("scales_and_zeros", scales_and_zeros.to(COMPUTE_DTYPE))  # [K/32, N, 2]
         self.register_buffer("bias", bias)
@@ -62,7 +71,8 @@ class Int8Linear(nn.Module):
         return out if self.bias is None else out + self.bias
 
 
-def quantized_linear(tensor: GGUFTensor, bias: Tensor | None) -> nn.Module:
-    if tensor.qtype in INT4_TYPES:
-        return Int4Linear(tensor, bias)
-    return Int8Linear(tensor.dequantize(), bias)
+def quantized_linear(parts: Sequence[GGUFTensor], bias: Tensor | None) -> nn.Module:
+    """One layer of the parts' rows stacked; 8-bit per row if any part is not a 4-bit type."""
+    if all(part.qtype in INT4_TYPES for part in parts):
+        return Int4Linear(parts, bias)
+    return Int8Linear(torch.cat([part.dequantize() for part in parts]), bias)

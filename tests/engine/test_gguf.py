@@ -84,7 +84,7 @@ def test_int4_layer_equals_the_dequantized_matmul() -> None:
         bias = torch.randn(MATRIX[0])
         x = torch.randn(3, 5, MATRIX[1])
         expected = torch.nn.functional.linear(x.bfloat16().float(), tensor.dequantize(), bias)
-        out = Int4Linear(tensor, bias)(x)
+        out = Int4Linear([tensor], bias)(x)
         assert out.shape == (3, 5, MATRIX[0]) and out.dtype == torch.float32
         torch.testing.assert_close(out, expected, atol=0.05 * expected.abs().max().item(), rtol=0.02)
 
@@ -102,8 +102,12 @@ def test_quantized_model_follows_the_dequantized_one(tmp_path: Path) -> None:
     path = write_gguf(tmp_path / "model.gguf", "llama", QType.Q4_1, tie=True)
     exact = load_model(str(path)).model
     quantized = load_model(str(path), gguf_weights="quantized").model
-    layer = quantized.model.layers[0]
-    assert isinstance(layer.mlp.up_proj, Int4Linear) and isinstance(layer.self_attn.q_proj, Int4Linear)
+    layer, config = quantized.model.layers[0], exact.config
+    assert isinstance(layer.mlp.gate_up_proj, Int4Linear) and isinstance(layer.self_attn.qkv_proj, Int4Linear)
+    assert layer.mlp.gate_up_proj.out_features == 2 * config.intermediate_size
+    assert layer.self_attn.qkv_proj.out_features == (config.num_attention_heads + 2 * config.num_key_value_heads) \
+        * config.head_dim
+    assert not hasattr(layer.self_attn, "q_proj") and not hasattr(layer.mlp, "up_proj")
     assert isinstance(quantized.lm_head, Int4Linear)
     hidden = torch.randn(6, exact.config.hidden_size)
     logits, reference = quantized.compute_logits(hidden), exact.compute_logits(hidden)
@@ -112,8 +116,9 @@ def test_quantized_model_follows_the_dequantized_one(tmp_path: Path) -> None:
         load_model(str(path), device="meta", gguf_weights="quantized")
 
 
-def test_quantized_engine_generates_like_the_exact_one(tmp_path: Path) -> None:
-    path = write_gguf(tmp_path / "model.gguf", "llama", QType.Q8_0)
+@pytest.mark.parametrize(("arch", "qtype"), [("llama", QType.Q8_0), ("qwen2", QType.Q4_1)])
+def test_quantized_engine_generates_like_the_exact_one(arch: str, qtype: QType, tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "model.gguf", arch, qtype)  # qwen2: fused q/k/v with their biases
     batch = prompts(320)[:4]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     settings = dict(block_size=8, num_kv_blocks=128)
