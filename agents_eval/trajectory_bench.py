@@ -46,7 +46,7 @@ from trajectory.agent import Policies
 from trajectory.template import load_chat_template
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
-INT_OPTIONS = ("sessions", "turns", "max_requests", "seed", "concurrency", "pruning_samples", "pruning_tokens",
+INT_OPTIONS = ("sessions", "turns", "context_tokens", "max_requests", "seed", "concurrency", "pruning_samples", "pruning_tokens",
                "phase_sessions")
 
 
@@ -55,6 +55,7 @@ class TrajectoryBenchSettings:
     model: str = "tiny"
     sessions: int = 8
     turns: int = 20
+    context_tokens: int = 2048  # each synthetic session's history, at most (and at most the model's context)
     trace: Path = DEFAULT_TRACE
     max_requests: int = 200
     length_scale: float = 1 / 16
@@ -69,6 +70,7 @@ class TrajectoryBenchSettings:
     def validate(self) -> None:
         checks = [
             (self.sessions >= 1 and self.turns >= 1, "--sessions and --turns must be at least 1"),
+            (self.context_tokens >= 256, "--context-tokens must be at least 256"),
             (self.max_requests >= 1 and self.concurrency >= 1, "--max-requests and --concurrency must be at least 1"),
             (0 < self.length_scale <= 1, "--length-scale must be in (0, 1]"),
             (self.pruning_samples >= 1 and self.pruning_tokens >= 1, "pruning needs at least 1 sample of 1 token"),
@@ -128,7 +130,7 @@ class _Run:
         engine = self.engine(prefix_caching=True)
         workload = SessionWorkload(self.settings.sessions, self.settings.turns, self.settings.seed,
                                    load_chat_template(engine.checkpoint), _tokenizer(engine),
-                                   Policies.load())
+                                   Policies.load(), self.settings.context_tokens)
         advance = self.phase("synthetic sessions, turn-delta reuse", workload.sessions * workload.turns)
         return run_sessions(engine, workload, advance), engine.scheduler.pins.stats, EngineFacts.of(engine)
 

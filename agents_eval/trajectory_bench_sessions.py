@@ -66,6 +66,7 @@ class SessionWorkload:
     template: ChatTemplate
     tokenizer: Tokenizer
     policies: Policies
+    context_tokens: int  # a session's history stays within this and the model's context
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text))
@@ -135,7 +136,8 @@ def drain(engine: LLMEngine) -> dict[str, Completion]:
 
 def run_sessions(engine: LLMEngine, workload: SessionWorkload, advance: Advance) -> list[SessionRun]:
     """Every session turn by turn, all sessions' turn k running concurrently in the engine."""
-    sessions = [_Session(index, workload, engine.max_model_len) for index in range(workload.sessions)]
+    context = min(engine.max_model_len, workload.context_tokens)
+    sessions = [_Session(index, workload, context) for index in range(workload.sessions)]
     for turn in range(workload.turns):
         live = [session for session in sessions if not session.run.cut_short]
         submitted = {}

@@ -74,9 +74,10 @@ class LLMEngine:
         self.tokenizer = load_tokenizer_or_none(loaded.checkpoint)
         self.max_model_len = self.config.max_position_embeddings
         self.num_blocks = num_kv_blocks(self.config, settings)
-        self.validator = RequestValidator(self.config, self.tokenizer, settings.block_size, self.num_blocks)
-        self.kv = KVCacheManager(self.num_blocks, settings.block_size, settings.enable_prefix_caching)
         self.slo = slo or load_slo_config()
+        self.validator = RequestValidator(self.config, self.tokenizer, settings.block_size, self.num_blocks,
+                                          frozenset(self.slo.classes))
+        self.kv = KVCacheManager(self.num_blocks, settings.block_size, settings.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, settings.max_num_batched_tokens, settings.max_num_seqs,
                                    policy=make_queue_policy(settings.queue_policy, self.slo))
         self.runner = ModelRunner(loaded.model, self.config, self.num_blocks, settings.block_size, dtype,
@@ -94,8 +95,6 @@ class LLMEngine:
 
     def validate(self, prompt: Prompt, params: SamplingParams) -> list[int]:
         """Token ids of a valid request; RequestError naming the problem otherwise."""
-        if params.slo_class is not None and params.slo_class not in self.slo.classes:
-            raise RequestError(f"slo_class {params.slo_class!r} is not one of {sorted(self.slo.classes)}")
         return self.validator.validate(prompt, params)
 
     def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *,

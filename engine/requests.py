@@ -51,6 +51,7 @@ class RequestValidator:
     tokenizer: Tokenizer | None
     block_size: int
     num_blocks: int
+    slo_classes: frozenset[str]  # the service classes a request may name (configs/slo.yaml)
 
     @property
     def max_model_len(self) -> int:
@@ -66,6 +67,8 @@ class RequestValidator:
     def validate(self, prompt: Prompt, params: SamplingParams) -> list[int]:
         """Token ids of a valid request; RequestError naming the problem otherwise."""
         params.validate()
+        if params.slo_class is not None and params.slo_class not in self.slo_classes:
+            raise RequestError(f"slo_class {params.slo_class!r} is not one of {sorted(self.slo_classes)}")
         if not prompt:
             raise RequestError("prompt is empty")
         token_ids = self.tokenize(prompt)

@@ -28,6 +28,7 @@ from engine.output import RequestOutput
 from engine.requests import Prompt, RequestValidator, load_tokenizer_or_none, num_kv_blocks, read_model_config
 from engine.sampling import RequestError, SamplingParams
 from engine.sequence import SessionRef
+from engine.slo import load_slo_config
 from engine.stats import AgentSignals, EngineStats
 from engine.worker import messages as m
 from engine.worker.capacity_loop import CapacityLoop
@@ -50,7 +51,8 @@ class DisaggregatedEngine:
         self.max_model_len = self.config.max_position_embeddings
         self.tokenizer = load_tokenizer_or_none(self.checkpoint)
         self.validator = RequestValidator(self.config, self.tokenizer, self.settings.block_size,
-                                          num_kv_blocks(self.config, self.settings))
+                                          num_kv_blocks(self.config, self.settings),
+                                          frozenset(load_slo_config().classes))
         self.workers = start_workers(mp.get_context("spawn"), model, self.settings, self.deployment)
         self.homes = SessionHomes(self.settings.block_size)
         self.placer = Placer(self.workers, self.homes, capacity, self.settings.block_size)

@@ -13,7 +13,7 @@ import pytest
 from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
 from engine.llm_engine import Completion, LLMEngine
-from engine.sampling import SamplingParams
+from engine.sampling import RequestError, SamplingParams
 from engine.worker.coordinator import DisaggregatedEngine
 from engine.worker.deployment import DeploymentSettings
 
@@ -61,6 +61,12 @@ def test_text_streams_whole_across_the_handoff(disaggregated: DisaggregatedEngin
     [expected] = LLMEngine("tiny", SETTINGS).generate(["the agent reads the log"], GREEDY)
     [result] = disaggregated.generate(["the agent reads the log"], GREEDY)
     assert result.text == expected.text and result.token_ids == expected.token_ids
+
+
+def test_unknown_slo_class_is_refused_before_any_worker_sees_it(disaggregated: DisaggregatedEngine) -> None:
+    with pytest.raises(RequestError, match="slo_class 'gold' is not one of"):
+        disaggregated.add_request([1, 2, 3], SamplingParams(max_tokens=2, slo_class="gold"))
+    assert not disaggregated.tracked
 
 
 def test_failed_transfers_are_recomputed() -> None:
