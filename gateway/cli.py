@@ -6,6 +6,7 @@ import argparse
 import importlib
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -169,9 +170,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def exit_on_sigterm() -> None:
+    """SIGTERM exits through SystemExit, so `finally` blocks run: a benchmark stopped this way stops the
+    servers it started instead of leaving them behind (`serve` installs uvicorn's own handler over this)."""
+    def _exit(signum: int, frame: object) -> None:
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     run: Callable[[argparse.Namespace], None] = args.run
+    exit_on_sigterm()
     try:
         run(args)
     except ValueError as error:  # RequestError, ModelLoadError, TokenizerNotFoundError, CLIError

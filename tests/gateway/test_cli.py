@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -73,3 +74,16 @@ def test_malformed_prompt_ids_exit_nonzero() -> None:
     result = agentserve("generate", "--model", "tiny", "--prompt-ids", "1,x,3")
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
+
+
+def test_sigterm_runs_finally_blocks(tmp_path: Path) -> None:
+    """A SIGTERM'd benchmark stops the servers it started: its `finally` blocks run."""
+    marker = tmp_path / "cleaned"
+    script = ("import time\nfrom gateway.cli import exit_on_sigterm\nexit_on_sigterm()\n"
+              "try:\n    print('ready', flush=True)\n    time.sleep(60)\n"
+              f"finally:\n    open({str(marker)!r}, 'w').close()\n")
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=20) == 128 + signal.SIGTERM
+    assert marker.exists()
