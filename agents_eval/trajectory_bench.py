@@ -1,7 +1,9 @@
 """`agentserve bench trajectory`: what agent trajectories save the engine, in tokens and bytes.
 
 1. Synthetic SWE-agent-like sessions through `Trajectory` and the real engine: prefill tokens with turn-delta
-   reuse against full recompute (measured too, with prefix caching off and no session pin).
+   reuse (prefix caching and session pins) against the same recorded requests without a session, once with
+   prefix caching off (full recompute) and once with it on (prefix caching only), so the pins are credited
+   only with what they save over prefix caching.
 2. The Mooncake conversation trace, scaled down, with prefix caching on and off.
 3. Tokens removed by pruning per tool-observation type.
 4. KV bytes held per session: one growing KV against a full snapshot per turn.
@@ -34,7 +36,7 @@ from agents_eval.trajectory_bench_sessions import (
     Advance,
     SessionRun,
     SessionWorkload,
-    run_full_recompute,
+    replay_recorded,
     run_sessions,
 )
 from engine.config import EngineSettings
@@ -46,8 +48,8 @@ from trajectory.agent import Policies
 from trajectory.template import load_chat_template
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
-INT_OPTIONS = ("sessions", "turns", "context_tokens", "max_requests", "seed", "concurrency", "pruning_samples", "pruning_tokens",
-               "phase_sessions")
+INT_OPTIONS = ("sessions", "turns", "context_tokens", "max_requests", "seed", "concurrency", "pruning_samples",
+               "pruning_tokens", "phase_sessions")
 
 
 @dataclass(frozen=True)
@@ -134,9 +136,11 @@ class _Run:
         advance = self.phase("synthetic sessions, turn-delta reuse", workload.sessions * workload.turns)
         return run_sessions(engine, workload, advance), engine.scheduler.pins.stats, EngineFacts.of(engine)
 
-    def full_recompute(self, runs: list[SessionRun]) -> int:
-        advance = self.phase("synthetic sessions, no cache, no pin", sum(len(r.requests) for r in runs))
-        return run_full_recompute(self.engine(prefix_caching=False), runs, advance)
+    def replay(self, runs: list[SessionRun], prefix_caching: bool) -> list[int]:
+        """The recorded requests without a session pin; prefill tokens computed per turn index."""
+        caching = "prefix caching" if prefix_caching else "no cache"
+        advance = self.phase(f"synthetic sessions, {caching}, no pin", sum(len(r.requests) for r in runs))
+        return replay_recorded(self.engine(prefix_caching), runs, advance)
 
     def trace_replay(self) -> TraceFigures:
         settings = self.settings
@@ -175,10 +179,10 @@ def _tokenizer(engine: LLMEngine) -> Tokenizer:
 
 def _measure(bench: _Run) -> tuple[Figures, EngineFacts]:
     runs, pins, facts = bench.synthetic()
-    recompute = bench.full_recompute(runs)
+    replays = {CACHE_OFF: bench.replay(runs, prefix_caching=False), CACHE_ON: bench.replay(runs, prefix_caching=True)}
     trace_figures = bench.trace_replay()
     policies = Policies.load()
-    figures = Figures(runs, recompute, pins, facts.kv_bytes_per_token, trace_figures,
+    figures = Figures(runs, replays, pins, facts.kv_bytes_per_token, trace_figures,
                       bench.pruning(facts.tokenizer, policies), bench.phase_swings(policies))
     return figures, facts
 

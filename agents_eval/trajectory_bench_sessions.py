@@ -4,7 +4,8 @@ Every session starts from one system prompt (shared by all, as an agent framewor
 each later turn appends one tool observation sized so that all turns fit the model's context, and the
 engine generates a short reply (its length drawn per turn). All sessions run a turn concurrently, each
 pinning its KV for its next turn. Per turn we record the whole prompt (what full recompute prefills)
-and `num_prompt_tokens - num_cached_tokens` (what turn-delta reuse prefilled).
+and `num_prompt_tokens - num_cached_tokens` (what turn-delta reuse prefilled). `replay_recorded` runs the
+recorded requests again without a session, on an engine with prefix caching off or on.
 """
 
 from __future__ import annotations
@@ -49,11 +50,18 @@ class TurnResult:
     observation_tokens: tuple[int, int] | None = None  # before and after pruning; None on the first turn
 
 
+@dataclass(frozen=True)
+class RecordedRequest:
+    prompt: list[int]
+    masked_spans: list[MaskedSpan]
+    max_tokens: int  # the reply's length
+
+
 @dataclass
 class SessionRun:
     session_id: str
     turns: list[TurnResult] = field(default_factory=list)
-    requests: list[tuple[list[int], list[MaskedSpan]]] = field(default_factory=list)  # for the baseline
+    requests: list[RecordedRequest] = field(default_factory=list)  # one per turn run, for the replays
     final_tokens: int = 0  # tokens in the session's history after its last reply
     cut_short: bool = False  # a turn would not have fit the context
 
@@ -98,7 +106,7 @@ class _Session:
         if len(plan.prompt_token_ids) + self.replies[turn] >= self.max_model_len:
             self.run.cut_short = True
             return None
-        self.run.requests.append((plan.prompt_token_ids, plan.masked_spans))
+        self.run.requests.append(RecordedRequest(plan.prompt_token_ids, plan.masked_spans, self.replies[turn]))
         return plan
 
     def params(self, turn: int) -> SamplingParams:
@@ -153,14 +161,17 @@ def run_sessions(engine: LLMEngine, workload: SessionWorkload, advance: Advance)
     return [session.run for session in sessions]
 
 
-def run_full_recompute(engine: LLMEngine, runs: list[SessionRun], advance: Advance) -> int:
-    """Every recorded turn's prompt again, one token generated, without a session pin: the prefill tokens
-    the engine computed (all of them when prefix caching is off)."""
-    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
-    computed = 0
-    for run in runs:
-        for prompt, spans in run.requests:
-            engine.add_request(prompt, params, masked_spans=spans)
-        computed += sum(c.num_prompt_tokens - c.num_cached_tokens for c in drain(engine).values())
-        advance(len(run.requests))
+def replay_recorded(engine: LLMEngine, runs: list[SessionRun], advance: Advance) -> list[int]:
+    """Every recorded request again, without a session (no pin), grouped as recorded: all sessions' turn k at
+    once, each generating its reply's length so its KV is in the prefix cache as the pinned run's was. The
+    prefill tokens the engine computed, per turn index (all of them when prefix caching is off)."""
+    turns = max(len(run.requests) for run in runs)
+    computed = [0] * turns
+    for turn in range(turns):
+        requests = [run.requests[turn] for run in runs if turn < len(run.requests)]
+        for request in requests:
+            params = SamplingParams(temperature=0, max_tokens=request.max_tokens, ignore_eos=True)
+            engine.add_request(request.prompt, params, masked_spans=request.masked_spans)
+        computed[turn] = sum(c.num_prompt_tokens - c.num_cached_tokens for c in drain(engine).values())
+        advance(len(requests))
     return computed

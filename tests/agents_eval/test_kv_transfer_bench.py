@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,9 @@ from agents_eval.kv_transfer_bench import (
     NAIVE,
     RATIO_GOALS,
     RAW,
+    Bench,
     BenchResult,
+    Cache,
     KVBenchSettings,
     add_arguments,
     run_benchmark,
@@ -40,6 +43,7 @@ def test_report_holds_every_method_and_ratio(result: BenchResult) -> None:
         assert set(runs[method]) == {"16", "32"}
         for summary in runs[method].values():
             assert summary["verified"] and summary["gb_per_s"] > 0
+            assert summary["runs_verified"] == summary["runs"] == SETTINGS.repeats + 1
             assert summary["latency_ms_min"] <= summary["latency_ms_median"] <= summary["latency_ms_max"]
     assert ("rdma" in report["skipped"]) == (unavailable_reason("rdma") is not None)
     assert set(report["ratios"]) == {"16", "32"} and set(report["ratios"]["16"]) == set(RATIO_GOALS)
@@ -64,3 +68,22 @@ def test_arguments_and_validation() -> None:
         KVBenchSettings(transports=("pigeon",)).validate()
     with pytest.raises(ValueError):
         run_benchmark(KVBenchSettings(repeats=0), Path("unused"))
+
+
+def test_every_run_is_verified_on_a_zeroed_destination() -> None:
+    """A receiver that delivers the bytes only on its first run: later runs must not pass on what it left."""
+    settings = KVBenchSettings(layers=2, tokens=32, kv_heads=2, head_dim=8, frame_tokens=(16,), repeats=3)
+    control, _ = multiprocessing.Pipe()
+    bench = Bench(settings, control)
+    runs: list[int] = []
+
+    def deliver(dest: Cache, every_run: bool) -> None:
+        if every_run or not runs:
+            for target, kv in zip(dest, bench.source, strict=True):
+                target.copy_(kv)
+        runs.append(1)
+
+    first_only = bench.timed(lambda: None, lambda dest: deliver(dest, every_run=False))
+    assert (first_only["runs"], first_only["runs_verified"], first_only["verified"]) == (4, 1, False)
+    every = bench.timed(lambda: None, lambda dest: deliver(dest, every_run=True))
+    assert (every["runs"], every["runs_verified"], every["verified"]) == (4, 4, True)

@@ -1,5 +1,5 @@
-"""The trajectory benchmark end to end, small: report files and keys, turn-delta prefill below full recompute,
-trace sessions and reuse, pruning per type, and phase-shift events."""
+"""The trajectory benchmark end to end, small: report files and keys, turn-delta prefill below full recompute
+and below prefix caching without pins, trace sessions and reuse, pruning per type, and phase-shift events."""
 
 from __future__ import annotations
 
@@ -33,7 +33,9 @@ def test_report_files_hold_every_section(result: BenchResult) -> None:
     assert report["settings"]["sessions"] == 2 and report["machine"]["torch_threads"] == 1
     assert report["synthetic"]["turns_run"] == [4, 4]
     markdown = result.files.markdown.read_text()
-    assert "| turn-delta reuse (session KV pin) |" in markdown and "arrival timestamps are not honoured" in markdown
+    assert "| turn-delta reuse (prefix caching and session KV pin) |" in markdown
+    assert "| measured: prefix caching on, no session pin |" in markdown
+    assert "arrival timestamps are not honoured" in markdown
     for chart in (result.per_turn_chart, result.files.chart):
         assert chart.read_bytes().startswith(b"\x89PNG")
 
@@ -47,6 +49,21 @@ def test_turn_delta_prefills_less_than_full_recompute(result: BenchResult) -> No
     assert len(full) == len(delta) == 4 and all(d < f for d, f in zip(delta[1:], full[1:], strict=True))
     kv = result.report["kv_bytes"]
     assert kv["snapshot_per_turn_bytes_mean"] > kv["turn_delta_bytes_mean"] > 0
+
+
+@pytest.mark.slow
+def test_pins_are_credited_only_over_prefix_caching(result: BenchResult) -> None:
+    synthetic = result.report["synthetic"]
+    per_turn = synthetic["per_turn"]
+    full, cached, delta = per_turn["full_recompute"], per_turn["prefix_caching"], per_turn["turn_delta"]
+    assert per_turn["measured_no_cache"] == full and len(cached) == 4
+    assert all(d <= c < f for d, c, f in zip(delta[1:], cached[1:], full[1:], strict=True))
+    assert sum(delta[1:]) < sum(cached[1:])  # a pin holds the partly filled last block too; caching only full ones
+    assert synthetic["prefill_tokens_prefix_caching"] == sum(cached)
+    assert synthetic["reduction_over_prefix_caching"] == pytest.approx(sum(cached) / sum(delta))
+    assert synthetic["reduction"] == pytest.approx(sum(full) / sum(delta))
+    assert synthetic["reduction"] > synthetic["reduction_over_prefix_caching"]
+    assert synthetic["prefix_caching_reduction"] == pytest.approx(sum(full) / sum(cached))
 
 
 @pytest.mark.slow
