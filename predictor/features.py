@@ -70,6 +70,7 @@ class Example:
     target: TurnRecord
     last_value: NextTurn
     ema: NextTurn
+    turn_index: int  # the target's place in its session: 2 for a second turn
 
 
 def session_examples(turns: Sequence[TurnRecord], window: int, fallback_gap_s: float) -> list[Example]:
@@ -79,7 +80,7 @@ def session_examples(turns: Sequence[TurnRecord], window: int, fallback_gap_s: f
     for index, turn in enumerate(turns):
         if index:
             history = tuple(turns[max(0, index - window):index])
-            found.append(Example(history, turn, baselines.predict("last_value"), baselines.predict("ema")))
+            found.append(Example(history, turn, baselines.predict("last_value"), baselines.predict("ema"), index + 1))
         baselines.observe(turn)
     return found
 

@@ -3,8 +3,12 @@
 Each session's next turn is predicted once after each of its turns (batched over all sessions with a new turn,
 at the next `forecast` call) and cached. A session counts in a forecast when its predicted arrival (its last
 turn's arrival plus the predicted gap) falls in `[now - overdue_s, now + horizon_s]`: a hard window, no
-probability weighting; a turn that is late stays expected for `overdue_s`. Sessions never ended are dropped
-`expire_s` after their last turn. Calls come from one thread (the gateway's event loop); there are no locks.
+probability weighting; a turn that is late stays expected for `overdue_s`. A predicted turn is counted by the
+forecasts of `overdue_s + horizon_s` seconds, a turn that came by those of `horizon_s`: a long `overdue_s`
+inflates the sum. The default of 1 s pairs with the capacity controller's 1-s horizon; 30 s forecast four
+times the load that came on the webarena recording (`agentserve predictor replay`).
+Sessions never ended are dropped `expire_s` after their last turn. Calls come from one thread (the gateway's
+event loop); there are no locks.
 """
 
 from __future__ import annotations
@@ -38,7 +42,10 @@ class LoadForecaster:
     """`model_path=None` loads the shipped model. The LSTM runs only when the model's metadata shows it beat
     both baselines on held-out sessions; otherwise the better baseline predicts (see `uses`)."""
 
-    def __init__(self, model_path: Path | None = None, overdue_s: float = 30.0, expire_s: float = 3600.0) -> None:
+    DEFAULT_OVERDUE_S = 1.0
+
+    def __init__(self, model_path: Path | None = None, overdue_s: float = DEFAULT_OVERDUE_S,
+                 expire_s: float = 3600.0) -> None:
         path = DEFAULT_MODEL if model_path is None else model_path
         metadata = load_metadata(path)
         try:
@@ -63,6 +70,11 @@ class LoadForecaster:
         session.baselines.observe(turn)
         session.last_arrival = t
         session.expected = None
+
+    def expected_output_tokens(self, session_id: str) -> float | None:
+        """The output tokens predicted for the session's next turn; None until predicted (at a `forecast`)."""
+        session = self._sessions.get(session_id)
+        return None if session is None or session.expected is None else session.expected.turn.output_tokens
 
     def end_session(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)

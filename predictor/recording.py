@@ -14,7 +14,7 @@ import math
 from dataclasses import asdict
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 from predictor.records import PredictorInputError, TurnRecord
 
@@ -67,9 +67,15 @@ def _timed_turn(row: Any) -> tuple[str, float, TurnRecord]:
     return session_id, float(t), turn
 
 
-def read_recording(path: Path) -> dict[str, list[TurnRecord]]:
-    """The recorded sessions, each its turns ordered by arrival time `t`."""
-    timed: dict[str, list[tuple[float, TurnRecord]]] = {}
+class TimedTurn(NamedTuple):
+    t: float  # the turn's arrival, on the recording's clock
+    session_id: str
+    turn: TurnRecord
+
+
+def read_timed_turns(path: Path) -> list[TimedTurn]:
+    """Every recorded turn with its session and arrival time, in file order."""
+    turns = []
     with path.open(encoding="utf-8") as lines:
         for number, line in enumerate(lines, start=1):
             if not line.strip():
@@ -79,5 +85,13 @@ def read_recording(path: Path) -> dict[str, list[TurnRecord]]:
             except ValueError as error:  # json.JSONDecodeError and PredictorInputError are ValueErrors
                 reason = "not JSON" if isinstance(error, json.JSONDecodeError) else str(error)
                 raise RecordingFormatError(f"{path}:{number}: {reason}") from None
-            timed.setdefault(session_id, []).append((t, turn))
+            turns.append(TimedTurn(t, session_id, turn))
+    return turns
+
+
+def read_recording(path: Path) -> dict[str, list[TurnRecord]]:
+    """The recorded sessions, each its turns ordered by arrival time `t`."""
+    timed: dict[str, list[tuple[float, TurnRecord]]] = {}
+    for t, session_id, turn in read_timed_turns(path):
+        timed.setdefault(session_id, []).append((t, turn))
     return {key: [turn for _, turn in sorted(turns, key=lambda pair: pair[0])] for key, turns in timed.items()}

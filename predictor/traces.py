@@ -18,7 +18,8 @@ from typing import Any, Literal
 from predictor.recording import read_recording
 from predictor.records import PredictorInputError, TurnRecord, phase_of
 
-DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_TRACE = REPO_ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 TRACE_BLOCK_TOKENS = 512
 MIN_SHARED_BLOCKS = 2
 ROOT = 0
@@ -152,6 +153,29 @@ def load_sessions(paths: Sequence[Path]) -> Sessions:
             found = dict(read_recording(path))
         sessions.update({f"{index}/{key}": turns for key, turns in found.items()})
     return sessions
+
+
+def file_of(key: str) -> str:
+    """The file part of a `load_sessions` key: the file's index, as text."""
+    return key.partition("/")[0]
+
+
+def file_sessions(sessions: Sessions, index: int) -> list[list[TurnRecord]]:
+    """The sessions that came from the `index`-th file given to `load_sessions`."""
+    return [turns for key, turns in sessions.items() if file_of(key) == str(index)]
+
+
+def portable_path(path: Path) -> str:
+    """A file's name for model metadata and reports: relative to the repository when inside it (so a model's
+    training files are found in any checkout), else absolute."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(REPO_ROOT)) if resolved.is_relative_to(REPO_ROOT) else str(resolved)
+
+
+def resolve_path(name: str) -> Path:
+    """The file a `portable_path` name stands for."""
+    path = Path(name)
+    return path if path.is_absolute() else REPO_ROOT / path
 
 
 def _open(path: Path) -> Any:

@@ -16,11 +16,11 @@ import torch
 from rich.console import Console
 from rich.progress import Progress
 
-from predictor.evaluate import better_predictor, evaluate, file_digest, split_sessions
+from predictor.evaluate import better_predictor, evaluate_traces, file_digest, split_sessions
 from predictor.features import WINDOW_TURNS, Example, examples, turn_targets, typical_gap_s
 from predictor.model import ModelConfig, NextTurnLSTM, encode, save_model
 from predictor.records import PredictorInputError
-from predictor.traces import load_sessions
+from predictor.traces import load_sessions, portable_path
 
 METADATA_FORMAT = 1
 
@@ -60,18 +60,18 @@ def train(traces: Sequence[Path], out: Path, settings: TrainSettings, show_progr
     model = NextTurnLSTM(ModelConfig(hidden=settings.hidden, window=settings.window))
     fit(model, found, settings, show_progress)
     try:
-        report = evaluate(model, list(heldout.values()), fallback_gap_s)
+        reports = evaluate_traces(model, heldout, traces, fallback_gap_s)
     except PredictorInputError:
         raise PredictorInputError("no held-out session has two turns: give more sessions") from None
     metadata = {
         "format": METADATA_FORMAT,
-        "training": {"traces": [str(path.resolve()) for path in traces],
+        "training": {"traces": [portable_path(path) for path in traces],
                      "sha256": [file_digest(path) for path in traces], "seed": settings.seed,
                      "heldout_share": settings.heldout_share, "settings": asdict(settings),
                      "sessions": len(training), "turns": len(found)},
         "fallback_gap_s": fallback_gap_s,
-        "heldout": report.as_json(),
-        "forecaster_uses": better_predictor(report.prefill_tokens),
+        "heldout": reports.as_json(),
+        "forecaster_uses": better_predictor(reports.overall.prefill_tokens),
     }
     save_model(out, model, metadata)
     return metadata

@@ -30,7 +30,7 @@ def synthetic_mooncake_rows(sessions: int, seed: int) -> list[dict[str, object]]
             full += list(range(next_id, next_id + grown))
             next_id += grown
             t += rng.randrange(500, 20_000)
-    return sorted(rows, key=lambda row: row["timestamp"])
+    return sorted(rows, key=lambda row: int(str(row["timestamp"])))
 
 
 def write_jsonl(path: Path, rows: list[dict[str, object]]) -> Path:

@@ -66,3 +66,11 @@ def test_split_is_seeded_and_by_session() -> None:
 ])
 def test_the_lstm_is_used_only_when_it_beats_both_baselines(errors: Errors, choice: str) -> None:
     assert better_predictor(errors) == choice
+
+
+def test_every_file_gets_its_share_of_heldout_sessions() -> None:
+    sessions = {f"0/{i}": [turn(i)] for i in range(100)} | {f"1/{i}": [turn(i)] for i in range(10)}
+    for seed in range(5):
+        heldout = split_sessions(sessions, 0.2, seed=seed)[1]
+        assert sum(key.startswith("0/") for key in heldout) == 20
+        assert sum(key.startswith("1/") for key in heldout) == 2

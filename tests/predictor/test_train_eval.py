@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,7 @@ from predictor.records import TurnRecord
 from predictor.traces import load_sessions
 
 
-def eval_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, object]:
+def eval_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
     capsys.readouterr()
     main(["predictor", "eval", *args, "--json"])
     return json.loads(capsys.readouterr().out)
