@@ -1,14 +1,16 @@
 """`agentserve bench --workload {mooncake,webarena,swe}`: real agent sessions through real gateways, one
 gateway process per configuration and point, and the table the project's claim rests on.
 
-Configurations (`--configs`, default all three), each measured on the same workload (same seed, sessions,
-turns and arrival times at a given rate):
+Configurations (`--configs`, agent_bench_configs), each measured on the same workload (same seed, sessions,
+turns and arrival times at a given rate). The default three:
 - `baseline`: the colocated engine without prefix caching, pruning or masks; the client resends the whole
   history each turn over chat completions, with no session id;
 - `disaggregated`: prefill and decode workers (DistServe), fixed split, prefix caching on; client as baseline;
 - `agent`: everything on (capacity controller, sessions, turn-delta reuse, pruning, masks); the client keeps
   each session over the Responses WebSocket (`--client ws`) or chat completions with `X-Session-Id`
   (`--client http`).
+`--configs ablation` runs seven, each adding one step to another; the report says what each step buys
+(agent_bench_ablation).
 
 By default each configuration's throughput is its SLO rate (DistServe): the highest session arrival rate at
 which 90% of the requests meet the TTFT and TPOT SLO, found by a rate search (agent_bench_slo). With `--rate`
@@ -28,6 +30,7 @@ from typing import Any
 from rich.progress import Progress
 
 from agents_eval import agent_bench_report as bench_report
+from agents_eval.agent_bench_ablation import ablation_steps
 from agents_eval.agent_bench_cli import add_arguments, settings_from_args
 from agents_eval.agent_bench_gateway import colocated_threads
 from agents_eval.agent_bench_notes import notes
@@ -103,12 +106,14 @@ def assemble(settings: AgentBenchSettings, rate: float | None, workload: Workloa
              searches: Searches, machine: dict[str, Any]) -> dict[str, Any]:
     configs = config_figures(settings, points, searches)
     ratios = bench_report.config_ratios(configs)
+    sweep = bench_report.sweep_rows(points, settings.slo, settings.prices)
     run, search = settings.run, settings.search
     return {
         "workload": {"name": workload.name, "sessions": len(workload.sessions), "requests": workload.num_requests,
                      "settings": workload.settings},
-        "configs": configs, "ratios": ratios, "goal": bench_report.goal_check(ratios),
-        "sweep": bench_report.sweep_rows(points, settings.slo, settings.prices),
+        "configs": configs, "ratios": ratios, "ablation": ablation_steps(configs),
+        "goal": bench_report.goal_check(ratios), "light_load": bench_report.light_load_check(sweep),
+        "sweep": sweep,
         "settings": {
             "mode": "fixed-rate" if search is None else "slo-rate search", "workload": asdict(settings.workload),
             "rate": rate, "rate_fractions": sorted(set(settings.fractions)), "configs": list(settings.configs),

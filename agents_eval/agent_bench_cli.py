@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from agents_eval.agent_bench_configs import CONFIGS, DEFAULT_CONFIGS, NAMED_SETS, config_names
 from agents_eval.agent_bench_cost import CostSettings
 from agents_eval.agent_bench_driver import RunLimits
-from agents_eval.agent_bench_gateway import CONFIGS
 from agents_eval.agent_bench_metrics import Slo
 from agents_eval.agent_bench_run import HTTP, WS, RunOptions
 from agents_eval.agent_bench_search import SearchOptions
@@ -40,7 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `agentserve bench --workload`, on the `bench` parser itself."""
     group = parser.add_argument_group("agent benchmark (agentserve bench --workload W --out DIR)")
     group.add_argument("--workload", choices=WORKLOADS, help="agent workload to drive through every configuration")
-    group.add_argument("--configs", type=_names, default=CONFIGS, help="comma-separated, of " + ",".join(CONFIGS))
+    group.add_argument("--configs", type=config_names, default=DEFAULT_CONFIGS,
+                       help=f"comma-separated, of {','.join(CONFIGS)}; or a named set: {', '.join(NAMED_SETS)} "
+                       "(ablation: all seven, each adding one step)")
     group.add_argument("--out", type=Path, help="folder for the report files")
     group.add_argument("--model", default="tiny", help="built-in model name or checkpoint dir")
     group.add_argument("--rate", type=float, help="sessions per second: one point at this rate instead of the "

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -24,38 +27,17 @@ import httpx
 
 from agents_eval.agent_bench_metrics import parse_metrics
 
-CONFIGS = ("baseline", "disaggregated", "agent")
-LABELS = {"baseline": "single-node baseline", "disaggregated": "disaggregated (DistServe)",
-          "agent": "agent-optimized"}
-FEATURES = {  # disaggregated, agent routing (controller, conditional disaggregation), prefix caching, pruning+masks
-    "baseline": (False, None, False, False),
-    "disaggregated": (True, False, True, False),
-    "agent": (True, True, True, True),
-}
-SESSION_CLIENT = {"baseline": False, "disaggregated": False, "agent": True}  # keeps a session (id, WebSocket)
-COMMON_ENV = {  # no keys; admission never refuses, so an overloaded config shows latency, not rejections
-    "AGENTSERVE_AUTH_ENABLED": "false", "AGENTSERVE_LIMITS__TTFT_SLO_S": "1000000000"}
 READY_TIMEOUT_S = 300.0  # disaggregated workers load the model in their own processes
 STOP_TIMEOUT_S = 60.0
 POLL_INTERVAL_S = 0.25
+ADMIN_KEY = secrets.token_urlsafe(24)  # this run's key for its gateways' /admin endpoints (auth stays off)
+ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
-def _flag(value: bool) -> str:
-    return "true" if value else "false"
-
-
-def config_env(name: str) -> dict[str, str]:
-    disaggregated, capacity, caching, trajectory = FEATURES[name]
-    env = {"AGENTSERVE_DISAGGREGATED": _flag(disaggregated),
-           "AGENTSERVE_ENGINE_ENABLE_PREFIX_CACHING": _flag(caching),
-           "AGENTSERVE_TRAJECTORY_PRUNE": _flag(trajectory),
-           "AGENTSERVE_TRAJECTORY_MASKS__ENABLED": _flag(trajectory)}
-    if capacity is not None:
-        env["AGENTSERVE_CAPACITY_ENABLED"] = _flag(capacity)
-    if capacity is False:  # DistServe: every prompt is prefilled on a prefill worker and its KV sent over
-        env["AGENTSERVE_CAPACITY_LOCAL_PREFILL_MAX_TOKENS"] = "0"
-        env["AGENTSERVE_CAPACITY_LOCAL_PREFILL_MAX_UNCACHED_SHARE"] = "0"
-    return env
+def admin_key_env() -> dict[str, str]:
+    """The gateway setting that makes ADMIN_KEY an admin key; with auth off, workload requests need no key."""
+    digest = hashlib.sha256(ADMIN_KEY.encode()).hexdigest()
+    return {"AGENTSERVE_API_KEYS": json.dumps([{"name": "bench-admin", "sha256": digest, "admin": True}])}
 
 
 def colocated_threads(user_env: Mapping[str, str]) -> int:
@@ -95,18 +77,20 @@ def running_gateway(model: str, env: dict[str, str], log_path: Path) -> Iterator
     port = free_port()
     command = [sys.executable, "-m", "gateway.cli", "serve", "--model", model, "--host", "127.0.0.1",
                "--port", str(port)]
-    with running_process(command, port, env, log_path, "/ready", "the gateway") as gateway:
+    with running_process(command, port, env, log_path, "/ready", "the gateway", hidden_env=admin_key_env()) as gateway:
         yield gateway
 
 
 @contextlib.contextmanager
 def running_process(command: list[str], port: int, env: dict[str, str], log_path: Path, ready_path: str,
-                   name: str, timeout_s: float = READY_TIMEOUT_S) -> Iterator[GatewayProcess]:
-    """A server process, ready once `GET ready_path` answers 200, until the block exits."""
+                   name: str, timeout_s: float = READY_TIMEOUT_S,
+                   hidden_env: Mapping[str, str] | None = None) -> Iterator[GatewayProcess]:
+    """A server process, ready once `GET ready_path` answers 200, until the block exits. `hidden_env` is set
+    for the process but not kept in `GatewayProcess.env` (which reports print)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(command, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)  # its own group: its worker processes stop with it
+    with log_path.open("wb") as log:  # its own process group: its worker processes stop with it
+        process = subprocess.Popen(command, env={**os.environ, **env, **(hidden_env or {})}, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
     server = GatewayProcess(f"http://127.0.0.1:{port}", process, log_path, env)
     try:
         _wait_until_ready(server, ready_path, name, timeout_s)
@@ -154,9 +138,10 @@ async def scrape(http: httpx.AsyncClient) -> dict[str, Any]:
 
 async def capacity(http: httpx.AsyncClient) -> dict[str, Any]:
     """`{"split": {role: workers}, "events": [...], "source": ...}` from /admin/capacity, or from the
-    num_workers gauge (no events) on a gateway without that endpoint."""
-    response = await http.get("/admin/capacity")
-    if response.status_code == 200:
+    num_workers gauge (no events) on a gateway without a capacity controller (404); any other answer raises."""
+    response = await http.get("/admin/capacity", headers=ADMIN_HEADERS)
+    if response.status_code != 404:
+        response.raise_for_status()
         body = response.json()
         split = {role: int(count) for role, count in (body.get("split") or {}).items()}
         return {"split": split, "events": body.get("events", []), "enabled": body.get("enabled"),

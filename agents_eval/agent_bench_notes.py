@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from agents_eval.agent_bench_configs import CONFIGS
 from agents_eval.agent_bench_settings import AgentBenchSettings
 
 
@@ -15,12 +16,45 @@ def notes(settings: AgentBenchSettings, report: Mapping[str, Any]) -> list[str]:
         f"Cost: (cores x ${prices.price_per_core_hour}/core-hour + GPUs x ${prices.price_per_gpu_hour}/GPU-hour) x "
         "the measured window (first send to last reply), per 1,000 generated tokens and per 1,000 computed "
         "(uncached) prompt tokens; cached prompt tokens are not served work.",
-        f"Equal cores: the colocated baseline runs {report['settings']['colocated_threads']} torch threads, what the "
+        f"Equal cores: a colocated engine runs {report['settings']['colocated_threads']} torch threads, what the "
         "disaggregated workers run in all (configs/deployment.yaml).",
-        "The baseline and disaggregated clients resend the whole history over chat completions without a session "
-        f"id; the agent client keeps each session ({settings.run.client}).",
+        client_note(settings),
     ]
     lines += search_notes(settings, report) + machine_notes(report) + config_notes(report)
+    return lines + ablation_notes(report) + trajectory_notes(report)
+
+
+def ablation_notes(report: Mapping[str, Any]) -> list[str]:
+    if not report.get("ablation"):
+        return []
+    return ["Ablation: each step is measured against the one it builds on (the column 'against'). DistServe's is "
+            "+ prefix caching, the colocated engine with the same features, so it prices the disaggregation alone. "
+            "KV-aware routing acts on a session's KV, so its step also turns on sessions, pruning and masks, "
+            "whose share on their own the colocated steps give."]
+
+
+def client_note(settings: AgentBenchSettings) -> str:
+    stateless = [name for name in settings.configs if not CONFIGS[name].sessions]
+    sessions = [name for name in settings.configs if CONFIGS[name].sessions]
+    parts = []
+    if stateless:
+        parts.append(f"{', '.join(stateless)}: the client resends the whole history over chat completions "
+                     "without a session id")
+    if sessions:
+        parts.append(f"{', '.join(sessions)}: the client keeps each session ({settings.run.client})")
+    return "; ".join(parts) + "."
+
+
+def trajectory_notes(report: Mapping[str, Any]) -> list[str]:
+    """Pruning and masks that engaged nothing where they were on: the workload gave them nothing to act on."""
+    lines = []
+    for name, figures in report["configs"].items():
+        if not CONFIGS[name].pruning:
+            continue
+        idle = [kind for kind in ("pruned", "masked") if not figures[f"{kind}_tokens"]]
+        if idle:
+            lines.append(f"{name}: 0 tokens {' and '.join(idle)}, with pruning and masks on: no observation had "
+                         "anything to prune, or no session held more observations than masks keep visible.")
     return lines
 
 
@@ -70,7 +104,7 @@ def config_notes(report: Mapping[str, Any]) -> list[str]:
                      "min_per_role workers per role): add workers, e.g. --env AGENTSERVE_DEPLOYMENT_DECODE=3, to "
                      "see role shifts.")
     for name, figures in configs.items():
-        if name != "baseline" and "colocated" in figures["split"]:
+        if CONFIGS[name].disaggregated and "colocated" in figures["split"]:
             lines.append(f"{name} ran on a colocated engine: this gateway ignored AGENTSERVE_DISAGGREGATED=true.")
         errors = figures["errors"] + len(figures["session_errors"])
         if errors:

@@ -1,8 +1,8 @@
 """One measured point of `agentserve bench --workload`: one configuration's own gateway process, warmed up,
 then the workload driven through it while the prefill/decode split is polled, with the gateway's counters
-read before and after. The configuration decides the client: `baseline` and `disaggregated` resend the
-whole history over chat completions without a session id; `agent` keeps each session (Responses WebSocket,
-or chat completions with `X-Session-Id`).
+read before and after. The configuration decides the client (agent_bench_configs): without sessions it
+resends the whole history over chat completions without a session id; with them it keeps each session
+(Responses WebSocket, or chat completions with `X-Session-Id`).
 """
 
 from __future__ import annotations
@@ -19,15 +19,13 @@ import httpx
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agents_eval.agent_bench_client import ChatSession, HttpPool, SessionClient, WsSession
+from agents_eval.agent_bench_configs import COMMON_ENV, CONFIGS
 from agents_eval.agent_bench_driver import OpenSession, RunLimits, SessionLike, WorkloadLike, drive, planned_requests
 from agents_eval.agent_bench_gateway import (
-    COMMON_ENV,
-    SESSION_CLIENT,
     GatewayProcess,
     RolePoller,
     capacity,
     colocated_threads,
-    config_env,
     model_name,
     running_gateway,
     scrape,
@@ -101,17 +99,18 @@ def measure_point(config: str, tag: str, rate: float, workload: WorkloadLike, op
 
 
 def gateway_env(config: str, user_env: Mapping[str, str]) -> dict[str, str]:
-    """The configuration's switches; the colocated baseline gets the torch threads the disaggregated workers
-    use in all. The user's overrides come last."""
-    env = {**COMMON_ENV, **config_env(config)}
-    if config == "baseline":
+    """The configuration's switches; a colocated engine gets the torch threads the disaggregated workers use in
+    all. The user's overrides come last."""
+    spec = CONFIGS[config]
+    env = {**COMMON_ENV, **spec.env()}
+    if not spec.disaggregated:
         env["AGENTSERVE_ENGINE_NUM_THREADS"] = str(colocated_threads(user_env))
     return {**env, **user_env}
 
 
 def session_opener(config: str, client: str, url: str, model: str, pool: HttpPool,
                    openai_client: Any) -> OpenSession:
-    if not SESSION_CLIENT[config]:
+    if not CONFIGS[config].sessions:
         return lambda script: _chat(pool, model, script, None)
     if client == HTTP:
         return lambda script: _chat(pool, model, script, script.session_id)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from agents_eval.agent_bench_configs import CONFIGS, DEFAULT_CONFIGS, NAMED_SETS
 from agents_eval.agent_bench_cost import CostSettings
-from agents_eval.agent_bench_gateway import CONFIGS
 from agents_eval.agent_bench_metrics import Slo
 from agents_eval.agent_bench_run import HTTP, WS, RunOptions
 from agents_eval.agent_bench_search import SearchOptions
@@ -35,7 +35,7 @@ class SearchSettings:
 @dataclass(frozen=True)
 class AgentBenchSettings:
     workload: WorkloadOptions
-    configs: tuple[str, ...] = CONFIGS
+    configs: tuple[str, ...] = DEFAULT_CONFIGS
     run: RunOptions = field(default_factory=RunOptions)
     fractions: tuple[float, ...] = (1.0,)  # of workload.rate, with a fixed rate
     slo: Slo = DEFAULT_SLO
@@ -45,7 +45,8 @@ class AgentBenchSettings:
     def validate(self) -> None:
         limits = self.run.limits
         checks = [
-            (bool(self.configs) and set(self.configs) <= set(CONFIGS), f"--configs: choose from {', '.join(CONFIGS)}"),
+            (bool(self.configs) and set(self.configs) <= set(CONFIGS),
+             f"--configs: choose from {', '.join(CONFIGS)}, or a named set ({', '.join(NAMED_SETS)})"),
             (len(set(self.configs)) == len(self.configs), "--configs: each configuration once"),
             (limits.duration_s > 0, "--duration must be positive"),
             (limits.max_requests is None or limits.max_requests >= 1, "--max-requests must be at least 1"),

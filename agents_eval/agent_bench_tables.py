@@ -1,6 +1,6 @@
 """The markdown of `agentserve bench --workload`'s report: the headline table (throughput at the SLO, p99
 latency and cost per configuration after the SLO-rate search; the figures at `--rate` for a fixed rate), the
-ratios, the goal check, the search's probes, details, the rate sweep and the notes."""
+ratios, the ablation steps, the goal check, the search's probes, details, the rate sweep and the notes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agents_eval.agent_bench_gateway import LABELS
+from agents_eval.agent_bench_ablation import SLO_RATE
+from agents_eval.agent_bench_configs import LABELS
 from agents_eval.report import Table
 
 COST_HEADERS = ["cost ($/1k generated tokens)", "cost ($/1k computed prompt tokens)"]
@@ -18,6 +19,16 @@ RATIO_COLUMNS = {"slo_rate": "throughput at SLO", "throughput": "throughput", "g
 
 def _num(value: float | None, digits: int = 3) -> str:
     return "n/a" if value is None or math.isnan(value) else f"{value:.{digits}g}"
+
+
+def _signed(value: float | None) -> str:
+    return "n/a" if value is None or math.isnan(value) else f"{value:+.3g}"
+
+
+def _times(value: float | None) -> str:
+    """A ratio as `1.5x`; `n/a` without the x when it is undefined."""
+    text = _num(value)
+    return text if text == "n/a" else f"{text}x"
 
 
 def _costs(c: Mapping[str, Any]) -> list[str]:
@@ -77,8 +88,22 @@ def detail_table(configs: Mapping[str, Mapping[str, Any]]) -> Table:
 
 def ratio_table(ratios: Mapping[str, Mapping[str, float]]) -> Table:
     columns = [key for key in RATIO_COLUMNS if any(key in values for values in ratios.values())]
-    rows = [[name, *(f"{_num(values.get(k))}x" for k in columns)] for name, values in ratios.items()]
+    rows = [[name, *(_times(values.get(k)) for k in columns)] for name, values in ratios.items()]
     return Table("Ratios", ["ratio", *(RATIO_COLUMNS[k] for k in columns)], rows)
+
+
+def ablation_table(steps: Sequence[Mapping[str, Any]]) -> Table:
+    """Each step against the one it builds on (agent_bench_ablation): throughput, p99 TTFT, cost, tokens."""
+    unit = "throughput at SLO (sessions/s)" if steps[0]["throughput_measured_as"] == SLO_RATE else \
+        "throughput (req/s)"
+    headers = ["step", "against", "adds", unit, "change", "p99 TTFT (s)", "x previous", "cost ($/1k gen. tokens)",
+               "x previous", "pruned", "masked"]
+    rows = [[LABELS[s["config"]], LABELS[s["previous"]], s["adds"], _num(s["throughput"]),
+             f"{_signed(s['change']['throughput'])} ({_times(s['ratio']['throughput'])})", _num(s["p99_ttft_s"]),
+             _times(s["ratio"]["p99_ttft_s"]), _num(s["cost_per_1k_output_tokens"]),
+             _times(s["ratio"]["cost_per_1k_output_tokens"]), f"{s['pruned_tokens']:.0f}",
+             f"{s['masked_tokens']:.0f}"] for s in steps]
+    return Table("Ablation: what each step buys", headers, rows)
 
 
 def sweep_table(sweep: Mapping[str, Sequence[Mapping[str, Any]]]) -> Table:
@@ -95,7 +120,7 @@ def goal_lines(checks: Sequence[Mapping[str, Any]]) -> list[str]:
     for check in checks:
         word = "at least" if check["bound"] == "min" else "at most"
         figure = check["measured_as"].replace("slo_rate", "throughput at SLO").replace("_", " ")
-        head = (f"{check['config']} {figure} is {check['measured']:.2f}x the baseline's (goal: {word} "
+        head = (f"{check['config']} {figure} is {check['measured']:.2f}x the {check['against']}'s (goal: {word} "
                 f"{check['target']}x)")
         lines.append(f"- {head}: met." if check["met"] else
                      f"- {head}: **not met**, short by a factor of {check['shortfall']:.2f}.")
@@ -103,13 +128,17 @@ def goal_lines(checks: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def markdown(report: Mapping[str, Any], notes: Sequence[str]) -> str:
-    """The headline table, the ratios and the goal check first; then the search, details, the sweep, notes."""
+    """The headline table, the ratios, the ablation and the goal check first; then the search, details, the
+    sweep, notes."""
     configs, sweep, search = report["configs"], report["sweep"], report["settings"]["search"]
     head = slo_table(configs) if search is not None else main_table(configs)
     ratios = [ratio_table(report["ratios"]).to_markdown()] if report["ratios"] else []
+    if report.get("ablation"):
+        ratios.append(ablation_table(report["ablation"]).to_markdown())
     sections = [f"# Agent benchmark: {report['workload']['name']}\n", head.to_markdown(), *ratios,
                 "## Goal check\n\nSame workload and SLO for every configuration.\n\n"
-                + "\n".join(goal_lines(report["goal"]) or ["- no baseline in this run: nothing to compare"]) + "\n"]
+                + "\n".join(goal_lines([*report["goal"], *report.get("light_load", [])])
+                            or ["- no baseline in this run: nothing to compare"]) + "\n"]
     if search is not None and configs:
         sections.append(probe_table(configs, search).to_markdown())
     sections.append(detail_table(configs).to_markdown())

@@ -1,8 +1,11 @@
 """One swinging run for the capacity benchmark: open-loop requests whose think/act mix flips every
 `period_s` (80% think in think windows, 80% act in act windows), driven straight into a disaggregated
-engine. Each turn is classified and fed to the same phase monitor the gateway uses; its shift events
-and mix go to the engine as the gateway sends them. Records per-request latencies and, for every window
-boundary, when the shift was detected, when the controller moved a worker and when the move applied."""
+engine. Each turn goes through the gateway's admission ledger (its prompt and output tokens, retired at
+its first token and at its end) and is classified and fed to the same phase monitor the gateway uses; the
+admitted work, the shift events and the mix go to the engine as the gateway sends them. Records
+per-request latencies, counted from each turn's planned arrival (a late submit counts against the run),
+and for every window boundary when the shift was detected, when the controller moved a worker and when
+the move applied."""
 
 from __future__ import annotations
 
@@ -14,10 +17,12 @@ from typing import Any
 
 from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
+from engine.output import RequestOutput
 from engine.sampling import SamplingParams
 from engine.stats import AgentSignals
 from engine.worker.coordinator import DisaggregatedEngine
 from engine.worker.deployment import DeploymentSettings
+from gateway.admission import AdmissionController
 from gateway.load_signals import SHIFT_PHASE
 from trajectory.phase import PhaseConfig, PhaseShiftEvent, TurnFeatures, classify_turn
 from trajectory.phase_monitor import PhaseMixMonitor
@@ -65,9 +70,31 @@ class RunResult:
 
 @dataclass
 class _Live:
-    submitted: float
+    arrival: float  # planned, on the monotonic clock
     first: float | None = None
     tokens: int = 0
+
+
+class _GatewaySignals:
+    """What the gateway tells the engine: the admitted work at every change of the ledger, shift events at
+    once, and the mix with the latest shift every interval."""
+
+    def __init__(self, engine: DisaggregatedEngine, result: RunResult, start: float) -> None:
+        self.engine, self.result, self.start = engine, result, start
+        self.monitor = PhaseMixMonitor(PhaseConfig.load())
+        self.admission = AdmissionController(ttft_slo_s=3600.0, initial_prefill_tokens_per_s=1.0)  # never refuses
+        self.monitor.subscribe(self._on_shift)
+        self.admission.subscribe(lambda: self.push(time.monotonic()))
+
+    def push(self, now: float) -> None:
+        shift = self.result.shifts[-1] if self.result.shifts else None
+        self.engine.update_signals(AgentSignals(
+            self.monitor.mix(now).think_share, shift[1] if shift else None, self.start + shift[0] if shift else None,
+            admitted=self.admission.admitted, admitted_total=self.admission.admitted_total))
+
+    def _on_shift(self, event: PhaseShiftEvent) -> None:
+        self.result.shifts.append((event.timestamp - self.start, SHIFT_PHASE[event.direction]))
+        self.push(event.timestamp)
 
 
 def run_swing(model: str, workload: SwingWorkload, split: tuple[int, int], capacity: CapacitySettings,
@@ -81,39 +108,49 @@ def run_swing(model: str, workload: SwingWorkload, split: tuple[int, int], capac
 
 
 def _drive(engine: DisaggregatedEngine, workload: SwingWorkload, progress: Callable[[int], None]) -> RunResult:
-    config, rng = PhaseConfig.load(), random.Random(workload.seed + 1)
-    monitor, result, live = PhaseMixMonitor(config), RunResult(), {}
+    result, live = RunResult(), {}
     pending = workload.arrivals()
     result.requests = len(pending)
     start = time.monotonic()
-    monitor.subscribe(lambda event: _on_shift(engine, monitor, result, event, start))
-    last_push, recent = start, [workload.act_output] * 3
+    signals, submit = _GatewaySignals(engine, result, start), _Submitter(workload)
+    last_push = start
     while pending or engine.has_unfinished():
         now = time.monotonic()
         while pending and pending[0][0] <= now - start:
             at, phase = pending.pop(0)
             _window_boundary(result, workload, at)
             request_id = f"r{result.requests - len(pending)}"
-            prompt_len = workload.think_prompt if phase == "think" else workload.act_prompt
-            output = workload.think_output if phase == "think" else workload.act_output
-            features = TurnFeatures(prompt_len, tuple(recent), new_roles=("tool",))
-            monitor.observe_turn(request_id, classify_turn(features, config), prompt_len)
-            recent = [*recent[1:], output]
-            prompt = [1] + [rng.randrange(3, 4000) for _ in range(prompt_len - 1)]
-            engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=output, ignore_eos=True), request_id)
-            live[request_id] = _Live(time.monotonic())
+            submit(engine, signals, request_id, phase)
+            live[request_id] = _Live(start + at)
         for out in engine.step(0.002):
-            _record(live, result, out.request_id, len(out.new_token_ids), out.finished, progress)
+            _record(signals.admission, live, result, out, time.monotonic(), progress)
         if now - last_push >= engine.capacity.settings.interval_s:
-            mix = monitor.mix(now).think_share
-            shift = result.shifts[-1] if result.shifts else None
-            engine.update_signals(AgentSignals(mix, shift[1] if shift else None,
-                                               start + shift[0] if shift else None))
-            result.timeline.append((now - start, sum(w.role == "prefill" for w in engine.workers), mix))
+            signals.push(now)
+            result.timeline.append((now - start, sum(w.role == "prefill" for w in engine.workers),
+                                    signals.monitor.mix(now).think_share))
             last_push = now
     result.events = [{**event.detail, "kind": event.kind, "at": event.at - start}
                      for event in engine.capacity.events.events]
     return result
+
+
+class _Submitter:
+    """One turn as the gateway hands it over: classified and admitted first, then added to the engine."""
+
+    def __init__(self, workload: SwingWorkload) -> None:
+        self.workload, self.config, self.rng = workload, PhaseConfig.load(), random.Random(workload.seed + 1)
+        self.recent = [workload.act_output] * 3
+
+    def __call__(self, engine: DisaggregatedEngine, signals: _GatewaySignals, request_id: str, phase: str) -> None:
+        workload = self.workload
+        prompt_len = workload.think_prompt if phase == "think" else workload.act_prompt
+        output = workload.think_output if phase == "think" else workload.act_output
+        features = TurnFeatures(prompt_len, tuple(self.recent), new_roles=("tool",))
+        signals.monitor.observe_turn(request_id, classify_turn(features, self.config), prompt_len)
+        self.recent = [*self.recent[1:], output]
+        signals.admission.on_admit(request_id, prompt_len, output)
+        prompt = [1] + [self.rng.randrange(3, 4000) for _ in range(prompt_len - 1)]
+        engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=output, ignore_eos=True), request_id)
 
 
 def _window_boundary(result: RunResult, workload: SwingWorkload, at: float) -> None:
@@ -122,23 +159,19 @@ def _window_boundary(result: RunResult, workload: SwingWorkload, at: float) -> N
         result.window_starts.append((at, phase))
 
 
-def _on_shift(engine: DisaggregatedEngine, monitor: PhaseMixMonitor, result: RunResult,
-              event: PhaseShiftEvent, start: float) -> None:
-    phase = SHIFT_PHASE[event.direction]
-    result.shifts.append((event.timestamp - start, phase))
-    engine.update_signals(AgentSignals(monitor.mix(event.timestamp).think_share, phase, event.timestamp))
-
-
-def _record(live: dict[str, _Live], result: RunResult, request_id: str, new: int, finished: bool,
-            progress: Callable[[int], None]) -> None:
-    request = live[request_id]
-    now = time.monotonic()
+def _record(admission: AdmissionController, live: dict[str, _Live], result: RunResult, out: RequestOutput,
+            now: float, progress: Callable[[int], None]) -> None:
+    """One output at `now`: time to first token from the turn's planned arrival, TPOT after it; the ledger
+    retires the turn's prompt at its first token and the rest at its end, as the gateway does."""
+    request, new = live[out.request_id], len(out.new_token_ids)
     if new and request.first is None:
         request.first = now
-        result.ttft_s.append(now - request.submitted)
+        result.ttft_s.append(now - request.arrival)
+        admission.on_first_token(out.request_id)
     request.tokens += new
-    if finished:
-        del live[request_id]
+    if out.finished:
+        del live[out.request_id]
+        admission.on_finish(out.request_id)
         result.finished += 1
         progress(1)
         if request.first is not None and request.tokens > 1:

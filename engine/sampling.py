@@ -33,6 +33,7 @@ class SamplingParams:
             (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
             (self.top_k is None or self.top_k >= 1, f"top_k must be >= 1, got {self.top_k}"),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (self.seed is None or -2**63 <= self.seed < 2**64, f"seed must fit 64 bits, got {self.seed}"),
             (all(self.stop), "stop strings must not be empty"),
             (self.logprobs is None or 0 <= self.logprobs <= 20, f"logprobs must be in [0, 20], got {self.logprobs}"),
         ]
@@ -92,7 +93,8 @@ class Sampler:
 
 
 def _probabilities(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    logits = logits / p.temperature
+    # shifted to <= 0 and divided by at least the dtype's smallest normal: a tiny temperature gives -inf, not nan
+    logits = (logits - logits.max()) / max(p.temperature, torch.finfo(logits.dtype).tiny)
     if p.top_k is not None and p.top_k < logits.numel():
         kth = torch.topk(logits, p.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -100,5 +102,6 @@ def _probabilities(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
         sorted_logits, order = torch.sort(logits, descending=True)
         cumulative = sorted_logits.softmax(-1).cumsum(-1)
         drop_sorted = cumulative - sorted_logits.softmax(-1) >= p.top_p  # keep the first token that crosses
+        drop_sorted[0] = False  # and the most likely one always (a top_p below float32's range rounds to 0)
         logits = logits.masked_fill(drop_sorted.scatter(0, order, drop_sorted), float("-inf"))
     return logits.softmax(-1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.capacity.signals import AdmittedWork
 from engine.sequence import Sequence
 
 
@@ -77,10 +78,13 @@ def queue_stats(running: list[Sequence], waiting: list[Sequence], now: float) ->
 @dataclass(frozen=True)
 class AgentSignals:
     """What the gateway knows of the agents' load that the engine cannot see: the think/act mix, the latest
-    phase shift, and the predictor's forecast for the next interval."""
+    phase shift, the predictor's forecast for the next interval, and the work it admitted and has not yet seen
+    served (None: no admission reports; `admitted_total` counts all work admitted since it started)."""
 
     think_share: float | None = None  # share of recent load that is think (prefill-heavy) turns
     shift: str | None = None  # "think" or "act": direction of the latest detected phase shift
     shift_at: float | None = None  # monotonic seconds when that shift was detected
     forecast_prefill_tokens: float = 0.0
     forecast_decode_tokens: float = 0.0
+    admitted: AdmittedWork | None = None
+    admitted_total: AdmittedWork = field(default_factory=AdmittedWork)

@@ -1,6 +1,7 @@
 """`GET /admin/capacity`: the capacity controller's split, workers, alerts and recent events;
 `POST /admin/capacity` pins a split by hand (`{"prefill": 1, "decode": 3}`) or releases it
-(`{"unpin": true}`). Both need an API key when auth is on; a colocated engine answers 404."""
+(`{"unpin": true}`). Both need an admin key (`admin: true` in `api_keys`) whether or not auth is enabled:
+401 without a valid key, 403 for a key that is not an admin's. A colocated engine answers 404."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.async_engine import ServingEngine
-from gateway.access import request_principal
+from gateway.access import admin_principal
 from gateway.auth import Principal
 from gateway.chat import gateway_state
 from gateway.errors import APIError
@@ -44,7 +45,7 @@ def _controller(engine: ServingEngine) -> None:
 
 
 @router.get("/admin/capacity")
-async def capacity(request: Request, _: Principal = Depends(request_principal)) -> JSONResponse:
+async def capacity(request: Request, _: Principal = Depends(admin_principal)) -> JSONResponse:
     gw = gateway_state(request)
     _controller(gw.engine.engine)
     report = await gw.engine.query(lambda engine: engine.capacity.report() if engine.capacity else {})
@@ -52,7 +53,7 @@ async def capacity(request: Request, _: Principal = Depends(request_principal)) 
 
 
 @router.post("/admin/capacity")
-async def pin(body: PinRequest, request: Request, _: Principal = Depends(request_principal)) -> JSONResponse:
+async def pin(body: PinRequest, request: Request, _: Principal = Depends(admin_principal)) -> JSONResponse:
     gw = gateway_state(request)
     _controller(gw.engine.engine)
 

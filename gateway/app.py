@@ -16,9 +16,9 @@ from engine.async_engine import AsyncLLMEngine, ServingEngine
 from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine
-from gateway import admin, chat, ops, responses, responses_ws
+from gateway import admin, chat, content_log, ops, responses, responses_ws
 from gateway.admission import AdmissionController
-from gateway.auth import KeyRing
+from gateway.auth import HoldLimits, KeyRing
 from gateway.errors import error_body, install_error_handlers
 from gateway.load_signals import LoadSignals
 from gateway.metrics import Metrics
@@ -48,11 +48,13 @@ def build_state(settings: GatewaySettings, engine: ServingEngine) -> GatewayStat
     sessions = SessionManager(store, template, engine.tokenizer, Policies.load(), settings.session_ttl_s)
     limits = settings.limits
     async_engine = AsyncLLMEngine(engine)
+    admission = AdmissionController(limits.ttft_slo_s, limits.initial_prefill_tokens_per_s)
+    signals = load_signals(settings, async_engine)
+    signals.watch(admission)  # the admitted work is the capacity controller's demand
+    holds = HoldLimits(limits.max_sessions_per_key, limits.max_websockets_per_key)
     return GatewayState(settings, async_engine, engine.tokenizer, sessions,
-                        KeyRing.from_config(settings.api_keys, settings.auth_enabled),
-                        open_rate_limiter(settings.redis_url),
-                        AdmissionController(limits.ttft_slo_s, limits.initial_prefill_tokens_per_s), Metrics(),
-                        load_signals(settings, async_engine))
+                        KeyRing.from_config(settings.api_keys, settings.auth_enabled, holds),
+                        open_rate_limiter(settings.redis_url), admission, Metrics(), signals)
 
 
 def load_signals(settings: GatewaySettings, engine: AsyncLLMEngine) -> LoadSignals:
@@ -61,14 +63,17 @@ def load_signals(settings: GatewaySettings, engine: AsyncLLMEngine) -> LoadSigna
     if settings.disaggregated:
         from predictor.forecast import LoadForecaster  # torch model: only when used
 
-        forecaster = LoadForecaster(Path(settings.predictor_model) if settings.predictor_model else None)
+        forecaster = LoadForecaster(Path(settings.predictor_model) if settings.predictor_model else None,
+                                    expire_s=settings.session_ttl_s)
     recording = Path(settings.record_sessions) if settings.record_sessions else None
     capacity = CapacitySettings()
-    return LoadSignals(engine, capacity.interval_s, capacity.forecast_horizon_s, forecaster, recording)
+    return LoadSignals(engine, capacity.interval_s, capacity.forecast_horizon_s, forecaster, recording,
+                       session_ttl_s=settings.session_ttl_s)
 
 
 def create_app(settings: GatewaySettings | None = None, engine: ServingEngine | None = None) -> FastAPI:
     settings = settings or GatewaySettings()
+    content_log.configure(settings.log_content)
     state = build_state(settings, engine or build_engine(settings))
 
     @asynccontextmanager

@@ -1,9 +1,10 @@
 """`POST /v1/chat/completions` and `POST /v1/completions`, non-streaming and SSE streaming.
 
-A chat request joins an agent session with the header `X-Session-Id` (or `metadata.session_id`, or
-`user`); the session keeps its history and KV between turns, so each turn prefills only its new messages.
-Without one, the request is its own session and still reuses cached prefixes. `metadata.observation_users`
-overrides which user messages are observations (`trajectory.observations`).
+A chat request joins an agent session with the header `X-Session-Id` (or `metadata.session_id`); the
+session keeps its history and KV between turns, so each turn prefills only its new messages. Session ids
+belong to the API key: another key's same id is another session. Without one, the request is its own
+session and still reuses cached prefixes. `metadata.observation_users` overrides which user messages are
+observations (`trajectory.observations`).
 """
 
 from __future__ import annotations
@@ -21,14 +22,17 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from engine.sampling import TokenLogprob
 from gateway.access import request_principal
 from gateway.auth import Principal
+from gateway.content_log import log_turn
 from gateway.errors import APIError
-from gateway.protocol import ChatCompletionRequest, CompletionRequest, observation_rule
+from gateway.protocol import ChatCompletionRequest, CompletionRequest, observation_rule, output_budget
 from gateway.serving import ChoiceResult, TurnStats, Usage, generate_choices, record_reply, turn_stats
+from gateway.session_store import StoreKey, session_key
 from gateway.state import GatewayState
 from gateway.streaming import ChatStreamWriter, drain, sse_error, sse_response, started, until_done_or_gone
 
 router = APIRouter()
 Event = tuple[int, Any]
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # text completions without max_tokens, as OpenAI and vLLM default it
 
 
 def gateway_state(request: Request) -> GatewayState:
@@ -48,26 +52,31 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
                            principal: Principal = Depends(request_principal)) -> Response:
     gw = gateway_state(request)
     check_model(gw, body.model)
-    session_id = x_session_id or (body.metadata or {}).get("session_id") or body.user
+    session_id = x_session_id or (body.metadata or {}).get("session_id")
     observation_rule(body.metadata)
-    writer = ChatStreamWriter(gw.model_name, bool(body.tools), body.n, gw.tokenizer.decode)
+    writer = ChatStreamWriter(gw.model_name, bool(body.tools), body.n, gw.tokenizer.decode,
+                              None if body.parallel_tool_calls else 1)
     usage = Usage()
-    events = _chat_events(gw, body, session_id, writer, usage, principal)
+    key = session_key(principal.name, session_id) if session_id else None
+    events = _chat_events(gw, body, key, writer, usage, principal)
     if body.stream:
         return await sse_response(events, writer, usage if body.include_usage else None)
     await until_done_or_gone(drain(events), request)
     return JSONResponse(writer.completion(usage))
 
 
-async def _chat_events(gw: GatewayState, body: ChatCompletionRequest, session_id: str | None,
+async def _chat_events(gw: GatewayState, body: ChatCompletionRequest, key: StoreKey | None,
                        writer: ChatStreamWriter, usage: Usage, principal: Principal) -> AsyncIterator[Event]:
     messages = [m.to_message() for m in body.messages]
-    max_tokens = body.max_completion_tokens or body.max_tokens or gw.settings.default_max_tokens
-    params = [body.sampling_params(max_tokens, body.logprob_count(), i, principal.slo_class) for i in range(body.n)]
-    async with gw.sessions.open(session_id, body.tools) as turn:
+    async with gw.sessions.open(key, body.tools, principal.holds.sessions) as turn:
         new = gw.sessions.new_messages(turn, messages) if turn.persistent else messages
         turn.trajectory.vip = principal.is_vip
         plan = turn.trajectory.add_messages(new, observation_users=observation_rule(body.metadata))
+        max_tokens = output_budget(body.max_completion_tokens or body.max_tokens, _max_tokens_param(body),
+                                   len(plan.prompt_token_ids), gw.engine.engine.max_model_len,
+                                   gw.settings.default_max_tokens)
+        params = [body.sampling_params(max_tokens, body.logprob_count(), i, principal.slo_class)
+                  for i in range(body.n)]
         session = plan.session if turn.persistent else None
         stats = turn_stats("chat", plan, turn.persistent)
         async for index, out in generate_choices(gw, plan.prompt_token_ids, params, stats, plan.masked_spans,
@@ -76,6 +85,11 @@ async def _chat_events(gw: GatewayState, body: ChatCompletionRequest, session_id
             usage.completion_tokens += len(out.new_token_ids)
             yield index, writer.add(index, out)
         record_reply(gw, turn, plan, writer.choices[0], writer.reply(0))
+        log_turn(gw.settings.log_content, "chat", key.path if key else None, new, writer.choices[0].text)
+
+
+def _max_tokens_param(body: ChatCompletionRequest) -> str:
+    return "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
 
 
 @router.post("/v1/completions", response_model=None)
@@ -83,10 +97,14 @@ async def completions(body: CompletionRequest, request: Request,
                       principal: Principal = Depends(request_principal)) -> Response:
     gw = gateway_state(request)
     check_model(gw, body.model)
-    token_ids = gw.engine.engine.tokenize(_completion_prompt(body.prompt))
-    max_tokens = body.max_tokens or 16
+    prompt = _completion_prompt(body.prompt)
+    token_ids = gw.engine.engine.tokenize(prompt)
+    max_tokens = output_budget(body.max_tokens, "max_tokens", len(token_ids), gw.engine.engine.max_model_len,
+                               COMPLETION_DEFAULT_MAX_TOKENS)
     params = [body.sampling_params(max_tokens, body.logprobs, i, principal.slo_class) for i in range(body.n)]
-    choices = [ChoiceResult(i) for i in range(body.n)]
+    echoed = "" if not body.echo else prompt if isinstance(prompt, str) else gw.tokenizer.decode(
+        gw.engine.engine.validate(prompt, params[0]))  # ids out of the vocabulary: 400 before the decoder sees them
+    choices = [ChoiceResult(i, text=echoed) for i in range(body.n)]  # echo: the prompt, then the completion
     usage = Usage()
     created, completion_id = int(time.time()), f"cmpl-{uuid.uuid4().hex}"
     events = generate_choices(gw, token_ids, params, TurnStats("completions", len(token_ids)))
@@ -133,6 +151,11 @@ async def _completion_chunks(events: AsyncIterator[Event], choices: list[ChoiceR
                              body: CompletionRequest, completion_id: str, created: int,
                              decode: Callable[[list[int]], str]) -> AsyncIterator[str]:
     try:
+        for choice in choices if body.echo else []:  # the prompt's text first
+            chunk = {"id": completion_id, "object": "text_completion", "created": created, "model": body.model,
+                     "choices": [{"index": choice.index, "text": choice.text, "finish_reason": None,
+                                  "logprobs": None}]}
+            yield f"data: {json.dumps(chunk)}\n\n"
         async for index, out in events:
             offset = len(choices[index].text)
             choices[index].add(out)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -38,13 +39,22 @@ def from_request_error(error: RequestError) -> APIError:
     return APIError(400, message, code=code)
 
 
-def _validation_message(error: RequestValidationError) -> tuple[str, str | None]:
-    first = error.errors()[0] if error.errors() else {}
-    location = [str(part) for part in first.get("loc", ()) if part != "body"]
-    param = ".".join(location) or None
-    if first.get("type") == "json_invalid":
-        return "request body is not valid JSON", None
-    return f"{param or 'body'}: {first.get('msg', 'invalid value')}", param
+CODED_ERRORS = {"extra_forbidden": "unsupported_parameter", "unsupported_parameter": "unsupported_parameter",
+                "unsupported_content": "unsupported_content", "empty_input": "empty_input"}  # error type -> code
+
+
+def validation_error(errors: Sequence[Any], code: str | None = None) -> APIError:
+    """A 400 for the first of pydantic's errors, naming its parameter; `code` unless the error has its own."""
+    first = errors[0] if errors else {}
+    param = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or None
+    kind = first.get("type")
+    if kind == "json_invalid":
+        return APIError(400, "request body is not valid JSON", code=code)
+    if kind == "extra_forbidden":
+        return APIError(400, f"{param}: unsupported parameter; agentserve does not implement it", param=param,
+                        code=CODED_ERRORS[kind])
+    return APIError(400, f"{param or 'body'}: {first.get('msg', 'invalid value')}", param=param,
+                    code=CODED_ERRORS.get(str(kind), code))
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -58,8 +68,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, error: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(error)
-        return JSONResponse(error_body(message, "invalid_request_error", param), status_code=400)
+        api = validation_error(error.errors())
+        return JSONResponse(api.body(), status_code=api.status)
 
     @app.exception_handler(RequestError)
     async def bad_request(_: Request, error: RequestError) -> JSONResponse:

@@ -1,7 +1,9 @@
 """The agents' load as the gateway sees it, for the engine's capacity controller: every turn feeds the
 think/act mix monitor (whose phase-shift events go to the engine at once), the next-turn forecaster and,
 opt-in, a JSONL recording of session statistics for training the predictor. Every `interval_s` (the
-capacity controller's) the mix and the forecast for the next `horizon_s` are pushed to the engine."""
+capacity controller's) the mix and the forecast for the next `horizon_s` are pushed to the engine. The
+admission ledger's work admitted and not yet served (`watch`) is pushed at once on every change: it is the
+controller's demand signal."""
 
 from __future__ import annotations
 
@@ -10,10 +12,12 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
+from dataclasses import replace
 from pathlib import Path
 
 from engine.async_engine import AsyncLLMEngine
 from engine.stats import AgentSignals
+from gateway.admission import AdmissionController
 from predictor.forecast import LoadForecaster
 from predictor.recording import SessionRecorder
 from predictor.records import TurnRecord
@@ -27,14 +31,30 @@ MAX_SESSIONS = 100_000  # sessions whose last arrival is kept (for the tool gap)
 
 class LoadSignals:
     def __init__(self, engine: AsyncLLMEngine, interval_s: float, horizon_s: float,
-                 forecaster: LoadForecaster | None, recording: Path | None) -> None:
+                 forecaster: LoadForecaster | None, recording: Path | None, *, session_ttl_s: float = 3600.0) -> None:
         self.engine, self.interval_s, self.horizon_s, self.forecaster = engine, interval_s, horizon_s, forecaster
+        self.session_ttl_s = session_ttl_s  # a session silent this long has expired: its arrival is dropped
         self.recorder = SessionRecorder(recording) if recording else None
         self.monitor = PhaseMixMonitor(PhaseConfig.load())
         self.monitor.subscribe(self._on_shift)
         self.last_shift: PhaseShiftEvent | None = None
         self.last_arrival: OrderedDict[str, float] = OrderedDict()  # least recently seen session first
+        self.admission: AdmissionController | None = None
+        self._pushed = AgentSignals()
         self._task: asyncio.Task[None] | None = None
+
+    def watch(self, admission: AdmissionController) -> None:
+        """Report this ledger's admitted work with the signals, and push it to the engine whenever it changes."""
+        self.admission = admission
+        admission.subscribe(self._on_admission)
+
+    def expected_output_tokens(self, session_id: str | None, max_tokens: int) -> int:
+        """What a turn is expected to decode: the predictor's forecast for the session's next turn, at most
+        `max_tokens`; `max_tokens` when there is no forecast (no session, no predictor, not yet predicted)."""
+        predicted = None
+        if session_id is not None and self.forecaster is not None:
+            predicted = self.forecaster.expected_output_tokens(session_id)
+        return max_tokens if predicted is None else max(1, min(max_tokens, round(predicted)))
 
     def turn_started(self, session_id: str, estimate: PhaseEstimate, prefill_tokens: int) -> None:
         self.monitor.observe_turn(session_id, estimate, prefill_tokens)
@@ -46,8 +66,9 @@ class LoadSignals:
         self.monitor.decode_finished(session_id)
         previous = self.last_arrival.pop(session_id, None)
         self.last_arrival[session_id] = arrived
-        if len(self.last_arrival) > MAX_SESSIONS:
-            self.last_arrival.popitem(last=False)
+        horizon = arrived - self.session_ttl_s  # the session just stored is never past it: the loop ends
+        while len(self.last_arrival) > MAX_SESSIONS or next(iter(self.last_arrival.values())) < horizon:
+            self.last_arrival.popitem(last=False)  # the least recent, or a session that has expired
         gap = 0.0 if previous is None else max(0.0, arrived - previous)
         record = TurnRecord(turn.new_tokens, turn.prompt_tokens, turn.cached_tokens, turn.output_tokens, gap,
                             turn.phase)
@@ -59,9 +80,20 @@ class LoadSignals:
     def signals(self, now: float) -> AgentSignals:
         forecast = self.forecaster.forecast(self.horizon_s, now) if self.forecaster is not None else None
         shift = self.last_shift
-        return AgentSignals(self.monitor.mix(now).think_share, SHIFT_PHASE[shift.direction] if shift else None,
-                            shift.timestamp if shift else None, forecast.prefill_tokens if forecast else 0.0,
-                            forecast.decode_tokens if forecast else 0.0)
+        signals = AgentSignals(self.monitor.mix(now).think_share, SHIFT_PHASE[shift.direction] if shift else None,
+                               shift.timestamp if shift else None, forecast.prefill_tokens if forecast else 0.0,
+                               forecast.decode_tokens if forecast else 0.0)
+        return self._with_admitted(signals)
+
+    def _with_admitted(self, signals: AgentSignals) -> AgentSignals:
+        if self.admission is None:
+            return signals
+        return replace(signals, admitted=self.admission.admitted, admitted_total=self.admission.admitted_total)
+
+    def _on_admission(self) -> None:
+        """The latest mix and forecast as pushed, with the new admitted work: no forecast is run per turn."""
+        if self.steered:
+            self._send(self._with_admitted(self._pushed))
 
     def _on_shift(self, event: PhaseShiftEvent) -> None:
         self.last_shift = event
@@ -75,9 +107,11 @@ class LoadSignals:
         return self.engine.engine.capacity is not None
 
     def _push(self, now: float) -> None:
-        if not self.steered:  # nothing reads them: don't wake the engine thread for nothing
-            return
-        signals = self.signals(now)
+        if self.steered:  # else nothing reads them: don't wake the engine thread for nothing
+            self._send(self.signals(now))
+
+    def _send(self, signals: AgentSignals) -> None:
+        self._pushed = signals
         self.engine.call(lambda engine: engine.update_signals(signals))
 
     def start(self) -> None:

@@ -1,42 +1,125 @@
-"""OpenAI request bodies the gateway accepts. Unknown fields are ignored, as OpenAI clients expect."""
+"""OpenAI request bodies the gateway accepts. Every parameter is implemented or refused with a 400 naming it
+(`unsupported_parameter`): a field these models lack is accepted only when null or, for an OpenAI parameter
+agentserve does not implement, set to the value that changes nothing (`NO_OP`), as OpenAI's defaults do."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from engine.sampling import SamplingParams
 from gateway.errors import APIError
 from trajectory.observations import ObservationUsers, observation_users
 from trajectory.template_types import Message
 
+NO_OP: dict[str, Callable[[Any], bool]] = {  # parameter -> whether a value of it changes nothing here
+    "frequency_penalty": lambda value: value == 0,
+    "presence_penalty": lambda value: value == 0,
+    "logit_bias": lambda value: value == {},
+    "response_format": lambda value: value == {"type": "text"},
+    "text": lambda value: value in ({}, {"format": {"type": "text"}}),
+    "store": lambda value: value is False,  # chat completions: OpenAI would keep the completion
+    "service_tier": lambda value: value in ("auto", "default"),
+    "modalities": lambda value: value == ["text"],
+    "include": lambda value: value == [],
+    "truncation": lambda value: value == "disabled",
+    "reasoning": lambda value: value == {},
+    "background": lambda value: value is False,
+    "best_of": lambda value: value == 1,
+    "suffix": lambda value: value == "",
+    "repetition_penalty": lambda value: value == 1,  # vLLM's; 1: no penalty
+    "repeat_penalty": lambda value: value == 1,  # llama.cpp's; 1: no penalty
+    "safety_identifier": lambda value: isinstance(value, str),  # an end-user id for abuse monitoring
+    "prompt_cache_key": lambda value: isinstance(value, str),  # a routing hint: sessions route by their KV anyway
+    "include_obfuscation": lambda value: isinstance(value, bool),  # stream padding against size side channels
+}
+TEXT_PARTS = ("text", "input_text", "output_text")
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+
+class RequestBody(BaseModel):
+    """A request's parameters: the declared fields, and no-op values of the others (dropped)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_no_ops(cls, data: Any) -> Any:
+        """Fields this model lacks, when null or a no-op value, are dropped; the rest fail as extra inputs."""
+        if not isinstance(data, dict):
+            return data
+        return {key: value for key, value in data.items()
+                if key in cls.model_fields or not (value is None or NO_OP.get(key, _never)(value))}
 
 
-class StreamOptions(_Body):
+def _never(_: Any) -> bool:
+    return False
+
+
+def _auto_tool_choice(value: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+    if value not in (None, "auto"):
+        raise PydanticCustomError("unsupported_parameter", "only 'auto' is supported: the model decides whether "
+                                  "to call a tool")
+    return value
+
+
+ToolChoice = Annotated[str | dict[str, Any] | None, AfterValidator(_auto_tool_choice)]
+
+
+class StreamOptions(RequestBody):
     include_usage: bool = False
 
 
-class ChatMessage(_Body):
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # a message is data: clients replay replies with extra keys
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
     name: str | None = None
 
+    @field_validator("content")
+    @classmethod
+    def _text_only(cls, content: str | list[dict[str, Any]] | None) -> str | list[dict[str, Any]] | None:
+        if isinstance(content, list) and not all(is_text_part(part) for part in content):
+            raise PydanticCustomError("unsupported_content", "only text content parts are supported")
+        return content
+
     def to_message(self) -> Message:
         role = "system" if self.role == "developer" else self.role
         return Message(role, content_text(self.content), self.tool_calls, self.tool_call_id, self.name)
 
 
+def is_text_part(part: Any) -> bool:
+    return isinstance(part, dict) and part.get("type", "text") in TEXT_PARTS and isinstance(part.get("text"), str)
+
+
 def content_text(content: str | list[dict[str, Any]] | None) -> str:
-    """Text of a message's content; content parts of type text (or input_text/output_text) are joined."""
+    """Text of a message's content: its text parts (text, input_text, output_text) joined."""
     if content is None or isinstance(content, str):
         return content or ""
-    return "".join(str(part.get("text", "")) for part in content if "text" in str(part.get("type", "text")))
+    return "".join(part["text"] for part in content if is_text_part(part))
+
+
+def output_budget(requested: int | None, param: str, prompt_tokens: int, max_model_len: int,
+                  default: int | None) -> int:
+    """The most tokens a reply may have: as requested, else `default`, else the rest of the context (as OpenAI
+    and vLLM do). 400 `context_length_exceeded` when the prompt and the requested tokens do not fit."""
+    room = max_model_len - prompt_tokens
+    if room <= 0:
+        raise APIError(400, f"the prompt has {prompt_tokens} tokens; the model's context is {max_model_len} tokens",
+                       code="context_length_exceeded")
+    if requested is None:
+        return room if default is None else min(room, default)
+    if requested > room:
+        raise APIError(400, f"This model's maximum context length is {max_model_len} tokens. However, you "
+                       f"requested {prompt_tokens + requested} tokens ({prompt_tokens} in the prompt, {requested} "
+                       "in the completion). Please reduce the length of the prompt or completion.", param=param,
+                       code="context_length_exceeded")
+    return requested
 
 
 def observation_rule(metadata: dict[str, str] | None) -> ObservationUsers | None:
@@ -50,7 +133,7 @@ def observation_rule(metadata: dict[str, str] | None) -> ObservationUsers | None
         raise APIError(400, str(error), param="metadata.observation_users") from error
 
 
-class SamplingFields(_Body):
+class SamplingFields(RequestBody):
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0)
@@ -59,6 +142,7 @@ class SamplingFields(_Body):
     seed: int | None = None
     ignore_eos: bool = False  # vLLM's extension: generate max_tokens whatever the model says (benchmarks)
     stop: str | list[str] | None = None
+    min_tokens: int = Field(default=0, ge=0)  # vLLM's: only with ignore_eos (the reply runs to max_tokens)
     n: int = Field(default=1, ge=1, le=16)
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -70,6 +154,17 @@ class SamplingFields(_Body):
     def _stops(cls, value: str | list[str] | None) -> str | list[str] | None:
         if isinstance(value, list) and len(value) > 16:
             raise ValueError("at most 16 stop strings")
+        return value
+
+    @field_validator("min_tokens")
+    @classmethod
+    def _min_tokens_held_by_ignore_eos(cls, value: int, info: ValidationInfo) -> int:
+        """agentserve has no minimum of its own: one holds when ignore_eos runs the reply to max_tokens."""
+        max_tokens = info.data.get("max_tokens")
+        if value and not (info.data.get("ignore_eos") and not info.data.get("stop") and max_tokens
+                          and value <= max_tokens):
+            raise PydanticCustomError("unsupported_parameter", "min_tokens is supported only with ignore_eos, "
+                                      "max_tokens at least as large and no stop strings")
         return value
 
     def sampling_params(self, max_tokens: int, logprobs: int | None, choice: int,
@@ -89,7 +184,8 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: ToolChoice = None
+    parallel_tool_calls: bool = True  # False: only the first tool call the model writes is kept
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
@@ -100,4 +196,12 @@ class ChatCompletionRequest(SamplingFields):
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str] = Field(min_length=1)
     logprobs: int | None = Field(default=None, ge=0, le=20)
-    echo: bool = False
+    echo: bool = False  # the prompt's text before the completion's
+
+    @field_validator("echo")
+    @classmethod
+    def _echo_without_logprobs(cls, echo: bool, info: ValidationInfo) -> bool:
+        if echo and info.data.get("logprobs") is not None:
+            raise PydanticCustomError("unsupported_parameter", "echo with logprobs is not supported: agentserve "
+                                      "computes no prompt logprobs")
+        return echo

@@ -4,7 +4,8 @@ A response belongs to an agent session. A request without `previous_response_id`
 `instructions` become the system prompt, its `tools` the session's tools); a request with one continues
 the session that produced that response and sends only the new input items. The response-id -> session
 record lives in the session store with the session's TTL, so gateway replicas sharing Redis find it too.
-The WebSocket mode (`gateway.responses_ws`) runs its turns through `response_events` as well.
+Sessions and responses belong to the API key that made them: another key's ids are answered exactly as
+unknown ones. The WebSocket mode (`gateway.responses_ws`) runs its turns through `response_events` as well.
 """
 
 from __future__ import annotations
@@ -19,144 +20,73 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
 
 from engine.sampling import SamplingParams
 from gateway.access import request_principal
 from gateway.auth import Principal
 from gateway.chat import check_model, gateway_state
+from gateway.content_log import log_turn
 from gateway.errors import APIError
-from gateway.protocol import content_text, observation_rule
+from gateway.protocol import observation_rule, output_budget
 from gateway.responses_events import TERMINAL_EVENTS, Event, ResponseStream, sse_event
+from gateway.responses_input import ResponseCreateRequest, chat_tools, input_messages
 from gateway.serving import generate_choices, record_reply, turn_stats
+from gateway.session_store import StoreKey, session_key
 from gateway.sessions import SessionTurn
 from gateway.state import GatewayState
 from gateway.streaming import until_done_or_gone
 from trajectory.agent import Trajectory, TurnPlan
-from trajectory.template_types import Message, Role
 
 router = APIRouter()
 log = logging.getLogger(__name__)
-RESPONSE_KEY = "response:"  # store key of a response's record, before its id
-INPUT_ROLES: dict[str, Role] = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
-
-
-class ResponseCreateRequest(BaseModel):
-    """The body of `POST /v1/responses` and of a WebSocket `response.create` event; unknown fields ignored."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    model: str | None = None
-    input: str | list[dict[str, Any]] = ""
-    instructions: str | None = None
-    previous_response_id: str | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] = "auto"
-    parallel_tool_calls: bool = True
-    max_output_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0, le=2)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    ignore_eos: bool = False  # vLLM's extension: generate max_output_tokens whatever the model says
-    metadata: dict[str, str] | None = None
-    user: str | None = None
-    stream: bool = False
-    store: bool = True
-    generate: bool = True  # False: a warm-up that only prefills the input into the session's KV
-
-    def echo(self) -> dict[str, Any]:
-        """The request fields a response object repeats."""
-        return {"instructions": self.instructions, "previous_response_id": self.previous_response_id,
-                "tools": self.tools or [], "tool_choice": self.tool_choice,
-                "parallel_tool_calls": self.parallel_tool_calls, "max_output_tokens": self.max_output_tokens,
-                "temperature": self.temperature, "top_p": self.top_p, "metadata": self.metadata or {},
-                "user": self.user, "store": self.store, "text": {"format": {"type": "text"}},
-                "truncation": "disabled", "reasoning": None, "background": False}
 
 
 @dataclass
 class SessionTarget:
-    """The session a response runs in: where a previous response left it, or a new one."""
+    """The session a response runs in: where a previous response of the same key left it, or a new one."""
 
-    session_id: str | None  # None: a throwaway session, neither saved nor continuable
+    key: StoreKey | None  # None: a throwaway session, neither saved nor continuable
     tools: list[dict[str, Any]] | None  # the session's tools, in chat-completions form
+    principal: Principal  # who asks: owns the session and its responses, sets VIP and service class
     turns: int = 0  # turns the session held after the previous response; 0 for a new session
-    vip: bool = False  # the caller's key is VIP: the session's KV is never evicted
-    slo_class: str | None = None  # the caller's service class (queue order in the engine)
 
     @property
     def starting(self) -> bool:
         return self.turns == 0
 
 
-async def resolve_session(gw: GatewayState, body: ResponseCreateRequest, new_session_id: str | None,
-                          ) -> SessionTarget:
+def response_key(principal: Principal, response_id: str) -> StoreKey:
+    return StoreKey("response", principal.name, response_id)
+
+
+async def resolve_session(gw: GatewayState, body: ResponseCreateRequest, principal: Principal,
+                          new_session_id: str | None) -> SessionTarget:
+    """A response id of another key is answered exactly as an unknown one."""
     if body.previous_response_id is None:
-        return SessionTarget(new_session_id, chat_tools(body.tools))
-    record = await load_record(gw, body.previous_response_id)
+        key = session_key(principal.name, new_session_id) if new_session_id else None
+        return SessionTarget(key, chat_tools(body.tools), principal)
+    record = await load_record(gw, response_key(principal, body.previous_response_id))
     if record is None:
         raise APIError(400, f"Previous response with id '{body.previous_response_id}' not found.",
                        param="previous_response_id", code="previous_response_not_found")
-    return SessionTarget(record["session_id"], record["tools"], record["turns"])
+    return SessionTarget(session_key(principal.name, record["session_id"]), record["tools"], principal,
+                         record["turns"])
 
 
-async def load_record(gw: GatewayState, response_id: str) -> dict[str, Any] | None:
-    data = await gw.sessions.store.get(RESPONSE_KEY + response_id)
+async def load_record(gw: GatewayState, key: StoreKey) -> dict[str, Any] | None:
+    data = await gw.sessions.store.get(key)
     return None if data is None else dict(json.loads(data))
-
-
-def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """Responses-API function tools ({type, name, parameters}) in the chat-completions form templates expect."""
-    if not tools:
-        return None
-    if any(tool.get("type") != "function" for tool in tools):
-        raise APIError(400, "only function tools are supported", param="tools", code="unsupported_tool")
-    return [tool if "function" in tool else {"type": "function", "function": {
-        key: tool[key] for key in ("name", "description", "parameters") if key in tool}} for tool in tools]
-
-
-def input_messages(body: ResponseCreateRequest, starting: bool) -> list[Message]:
-    system = [Message("system", body.instructions)] if starting and body.instructions else []
-    if isinstance(body.input, str):
-        return system + ([Message("user", body.input)] if body.input else [])
-    messages = system
-    for index, item in enumerate(body.input):
-        messages = _add_item(messages, item, f"input[{index}]")
-    return messages
-
-
-def _add_item(messages: list[Message], item: dict[str, Any], param: str) -> list[Message]:
-    kind = item.get("type", "message")
-    if kind == "message" and item.get("role") in INPUT_ROLES:
-        return [*messages, Message(INPUT_ROLES[item["role"]], _text(item.get("content"), param))]
-    if kind == "function_call_output":
-        return [*messages, Message("tool", _text(item.get("output"), param), tool_call_id=item.get("call_id"))]
-    if kind == "function_call":
-        call = {"id": item.get("call_id"), "type": "function",
-                "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")}}
-        if messages and messages[-1].role == "assistant":
-            last = messages[-1]
-            return [*messages[:-1], Message("assistant", last.content, [*(last.tool_calls or []), call])]
-        return [*messages, Message("assistant", "", [call])]
-    raise APIError(400, f"{param}: input items of type {kind!r} are not supported", param=param,
-                   code="unsupported_input_item")
-
-
-def _text(content: Any, param: str) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    if isinstance(content, list) and all(isinstance(part, dict) and "text" in part for part in content):
-        return content_text(content)
-    raise APIError(400, f"{param}: only text content is supported", param=param, code="unsupported_content")
 
 
 async def response_events(gw: GatewayState, body: ResponseCreateRequest, target: SessionTarget,
                           save_response: bool) -> AsyncGenerator[Event]:
     """One turn of the target session as response events. Bad input raises before the first event; a turn
     that fails or is abandoned before its terminal event leaves the session as it was."""
-    stream = ResponseStream(gw.model_name, body.echo(), parse_tools=bool(target.tools))
-    async with gw.sessions.open(target.session_id, target.tools) as turn:
+    stream = ResponseStream(gw.model_name, body.echo(), parse_tools=bool(target.tools),
+                            max_tool_calls=None if body.parallel_tool_calls else 1)
+    async with gw.sessions.open(target.key, target.tools, target.principal.holds.sessions) as turn:
         _check_latest(turn, target, body)
-        turn.trajectory.vip = target.vip
+        turn.trajectory.vip = target.principal.is_vip
         before, committed = turn.trajectory.to_bytes(), False
         try:
             plan, prompt, params = _prepare(gw, body, target, turn)
@@ -202,19 +132,17 @@ def _prepare(gw: GatewayState, body: ResponseCreateRequest, target: SessionTarge
     and its sampling parameters; RequestError when the engine would refuse them."""
     plan = turn.trajectory.add_messages(input_messages(body, target.starting),
                                         observation_users=observation_rule(body.metadata))
-    max_tokens = (body.max_output_tokens or gw.settings.default_max_tokens) if body.generate else 1
-    params = SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
-                            ignore_eos=body.ignore_eos, slo_class=target.slo_class)
     prompt = plan.prompt_token_ids if body.generate else turn.trajectory.state.token_ids
-    if prompt:
-        gw.engine.engine.validate(prompt, params)
+    max_tokens = output_budget(body.max_output_tokens, "max_output_tokens", len(prompt),
+                               gw.engine.engine.max_model_len, gw.settings.default_max_tokens) if body.generate else 1
+    params = SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
+                            ignore_eos=body.ignore_eos, slo_class=target.principal.slo_class)
+    gw.engine.engine.validate(prompt, params)
     return plan, prompt, params
 
 
 async def _generate(gw: GatewayState, body: ResponseCreateRequest, turn: SessionTurn, plan: TurnPlan,
                     prompt: list[int], params: SamplingParams, stream: ResponseStream) -> AsyncIterator[Event]:
-    if not prompt:
-        return
     session = plan.session if turn.persistent else None
     stats = turn_stats("responses", plan, turn.persistent)
     async for _, out in generate_choices(gw, prompt, [params], stats, plan.masked_spans, session):
@@ -231,19 +159,21 @@ async def _commit(gw: GatewayState, body: ResponseCreateRequest, target: Session
     events = stream.finish(with_output=body.generate)
     if body.generate:
         record_reply(gw, turn, plan, stream.choice, stream.reply)
-    if turn.persistent:
-        await _remember(gw, turn, target, stream.id, events[-1]["response"] if save_response else None)
+        log_turn(gw.settings.log_content, "responses", target.key.path if target.key else None,
+                 input_messages(body, target.starting), stream.choice.text)
+    if target.key is not None:
+        await _remember(gw, turn, target.key, target, stream.id, events[-1]["response"] if save_response else None)
     return events
 
 
-async def _remember(gw: GatewayState, turn: SessionTurn, target: SessionTarget, response_id: str,
+async def _remember(gw: GatewayState, turn: SessionTurn, key: StoreKey, target: SessionTarget, response_id: str,
                     response: dict[str, Any] | None) -> None:
     """Save the session now (before the client can send its next turn) and the response's record."""
-    store, ttl, session_id = gw.sessions.store, gw.sessions.ttl_s, turn.trajectory.state.session_id
-    await store.put(session_id, turn.trajectory.to_bytes(), ttl)
-    record = {"session_id": session_id, "tools": target.tools, "turns": len(turn.trajectory.state.turns),
+    store, ttl = gw.sessions.store, gw.sessions.ttl_s
+    await store.put(key, turn.trajectory.to_bytes(), ttl)
+    record = {"session_id": key.id, "tools": target.tools, "turns": len(turn.trajectory.state.turns),
               "response": response}
-    await store.put(RESPONSE_KEY + response_id, json.dumps(record).encode(), ttl)
+    await store.put(response_key(target.principal, response_id), json.dumps(record).encode(), ttl)
 
 
 @router.post("/v1/responses", response_model=None)
@@ -253,8 +183,7 @@ async def create_response(body: ResponseCreateRequest, request: Request,
     if body.model is not None:
         check_model(gw, body.model)
     new_session = f"resp_session_{uuid.uuid4().hex}" if body.store else None
-    target = await resolve_session(gw, body, new_session)
-    target.vip, target.slo_class = principal.is_vip, principal.slo_class
+    target = await resolve_session(gw, body, principal, new_session)
     events = response_events(gw, body, target, save_response=body.store)
     first = await anext(events)  # bad input raises here, before the stream starts
     if body.stream:
@@ -291,8 +220,10 @@ async def _final_response(first: Event, events: AsyncGenerator[Event], request: 
 
 
 @router.get("/v1/responses/{response_id}")
-async def get_response(response_id: str, request: Request) -> JSONResponse:
-    record = await load_record(gateway_state(request), response_id)
+async def get_response(response_id: str, request: Request,
+                       principal: Principal = Depends(request_principal)) -> JSONResponse:
+    """A response of the caller's key; another key's is answered exactly as an unknown one."""
+    record = await load_record(gateway_state(request), response_key(principal, response_id))
     if record is None or record.get("response") is None:
         raise APIError(404, f"Response with id '{response_id}' not found.", "not_found_error", "response_id",
                        "response_not_found")

@@ -39,9 +39,9 @@ class TokenCounts:
 class ResponseStream:
     """Builds one response: `start()`, `add()` per engine output, then `finish()` or `fail()`."""
 
-    def __init__(self, model: str, echo: dict[str, Any], parse_tools: bool) -> None:
+    def __init__(self, model: str, echo: dict[str, Any], parse_tools: bool, max_tool_calls: int | None = None) -> None:
         self.id = f"resp_{uuid.uuid4().hex}"
-        self.model, self.echo, self.parse_tools = model, echo, parse_tools
+        self.model, self.echo, self.parse_tools, self.max_tool_calls = model, echo, parse_tools, max_tool_calls
         self.created_at = int(time.time())
         self.choice = ChoiceResult(0)
         self.counts = TokenCounts()
@@ -70,13 +70,14 @@ class ResponseStream:
 
     def finish(self, with_output: bool = True) -> list[Event]:
         """The remaining events up to the terminal one; `reply` holds the reply for the session's history."""
-        content, calls = parse_tool_calls(self.choice.text) if self.parse_tools else (self.choice.text, [])
+        text = self.choice.text
+        content, calls = parse_tool_calls(text, self.max_tool_calls) if self.parse_tools else (text, [])
         self.reply = Message("assistant", content, calls or None)
         opened = self._message is not None
-        events = self._close_message(content) if with_output and (content or not calls or opened) else []
+        status = "incomplete" if with_output and self.choice.finish_reason == "length" else "completed"
+        events = self._close_message(content, status) if with_output and (content or not calls or opened) else []
         for call in calls:
             events += self._function_call(call)
-        status = "incomplete" if with_output and self.choice.finish_reason == "length" else "completed"
         return [*events, self.event(f"response.{status}", response=self.snapshot(status))]
 
     def fail(self, message: str) -> list[Event]:
@@ -107,12 +108,13 @@ class ResponseStream:
         return [self.event("response.output_item.added", output_index=len(self.output), item=self._message),
                 self._part_event("response.content_part.added", part=_text_part(""))]
 
-    def _close_message(self, content: str) -> list[Event]:
+    def _close_message(self, content: str, status: str) -> list[Event]:
+        """The message item's last events; its status is `incomplete` when the reply was cut short."""
         events = [] if self._message else self._open_message()
         rest = content[len(self._streamed):] if content.startswith(self._streamed) else ""
         if rest:
             events.append(self._part_event("response.output_text.delta", delta=rest, logprobs=[]))
-        item = {**self._open_item(), "status": "completed", "content": [_text_part(content)]}
+        item = {**self._open_item(), "status": status, "content": [_text_part(content)]}
         events += [self._part_event("response.output_text.done", text=content, logprobs=[]),
                    self._part_event("response.content_part.done", part=_text_part(content)),
                    self.event("response.output_item.done", output_index=len(self.output), item=item)]

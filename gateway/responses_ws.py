@@ -23,10 +23,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.websockets import WebSocketDisconnect
 
 from engine.sampling import RequestError
-from gateway.access import admit_principal
+from gateway.access import admit_principal, websocket_slot
 from gateway.chat import check_model
-from gateway.errors import APIError, from_request_error
-from gateway.responses import ResponseCreateRequest, SessionTarget, resolve_session, response_events
+from gateway.errors import APIError, from_request_error, validation_error
+from gateway.responses import SessionTarget, resolve_session, response_events
+from gateway.responses_input import ResponseCreateRequest
 from gateway.settings import LimitSettings
 from gateway.state import GatewayState
 from trajectory.template_types import ChatTemplateError
@@ -36,17 +37,18 @@ log = logging.getLogger(__name__)
 MAX_QUEUED_EVENTS = 64
 CLOSE_NORMAL, CLOSE_POLICY_VIOLATION, CLOSE_TRY_AGAIN = 1000, 1008, 1013
 INVALID_JSON = object()
+ENVELOPE = ("type", "event_id", "stream_id")  # fields of every client event, not of its body
 
 
 class ToolCallStarted(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1)
     estimated_duration_s: float | None = Field(default=None, ge=0)
 
 
 class ToolCallFinished(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
 
 EVENT_BODIES: dict[str, type[BaseModel]] = {
@@ -77,12 +79,12 @@ async def responses_socket(websocket: WebSocket) -> None:
         await websocket.close(CLOSE_TRY_AGAIN, "the gateway is draining")
         return
     try:
-        await admit_principal(gw, websocket.headers.get("authorization"))
+        principal = await admit_principal(gw, websocket.headers.get("authorization"))
+        with websocket_slot(gw, principal):
+            await websocket.accept()
+            await ResponsesConnection(gw, websocket).serve()
     except APIError as error:  # refused at the handshake: the client sees HTTP 403
         await websocket.close(CLOSE_POLICY_VIOLATION, error.message)
-        return
-    await websocket.accept()
-    await ResponsesConnection(gw, websocket).serve()
 
 
 class ResponsesConnection:
@@ -165,8 +167,7 @@ class ResponsesConnection:
         if body.model is not None:
             check_model(self.gw, body.model)
         principal = await admit_principal(self.gw, self.websocket.headers.get("authorization"))  # rate limit
-        target = await resolve_session(self.gw, body, f"ws_session_{uuid.uuid4().hex}")
-        target.vip, target.slo_class = principal.is_vip, principal.slo_class
+        target = await resolve_session(self.gw, body, principal, f"ws_session_{uuid.uuid4().hex}")
         self.gw.in_flight += 1
         try:
             async with aclosing(response_events(self.gw, body, target, save_response=body.store)) as events:
@@ -178,18 +179,19 @@ class ResponsesConnection:
 
     async def _announce_tool(self, event: ClientEvent, started: ToolCallStarted | None) -> None:
         """Record the tool call in the session and re-time its KV pin to the gap it now expects."""
-        if self.session is None or self.session.session_id is None:
+        if self.session is None or self.session.key is None:
             raise APIError(400, "this connection has no session yet: send response.create first",
                            code="no_active_session")
-        session_id = self.session.session_id
-        async with self.gw.sessions.open(session_id, self.session.tools) as turn:
+        key = self.session.key
+        async with self.gw.sessions.open(key, self.session.tools, self.session.principal.holds.sessions) as turn:
             if started is not None:
                 turn.trajectory.tool_call_started(started.name, started.estimated_duration_s)
             else:
                 turn.trajectory.tool_call_finished()
             ttl = turn.trajectory.pin_ttl()
-        self.gw.engine.call(lambda engine: engine.set_session_ttl(session_id, ttl))
-        await self.send({"type": "session.kv_ttl.updated", "event_id": event.event_id, "session_id": session_id,
+            pinned = turn.trajectory.state.session_id  # the engine's key of the session's KV pin
+        self.gw.engine.call(lambda engine: engine.set_session_ttl(pinned, ttl))
+        await self.send({"type": "session.kv_ttl.updated", "event_id": event.event_id, "session_id": key.id,
                          "kv_pin_ttl_s": ttl}, event.stream_id)
 
     async def send(self, payload: dict[str, Any], stream_id: str | None = None) -> None:
@@ -235,10 +237,8 @@ def parse_event(data: Any) -> ClientEvent:
         raise APIError(400, f"unknown event type {kind!r}; expected one of {sorted(EVENT_BODIES)}", param="type",
                        code="unknown_event_type")
     try:
-        body = model.model_validate(data)
+        body = model.model_validate({key: value for key, value in data.items() if key not in ENVELOPE})
     except ValidationError as error:
-        first = error.errors()[0]
-        param = ".".join(str(part) for part in first["loc"]) or None
-        raise APIError(400, f"{param or kind}: {first['msg']}", param=param, code="invalid_event") from None
+        raise validation_error(error.errors(), code="invalid_event") from None
     return ClientEvent(body, event_id if isinstance(event_id, str) else None,
                        stream_id if isinstance(stream_id, str) else None)

@@ -80,7 +80,8 @@ async def generate_choices(gw: GatewayState, prompt: Sequence[int], params: list
     request_id = f"req-{uuid.uuid4().hex}"
     trace = gw.metrics.request_started(stats.endpoint)
     queued_ahead = gw.admission.queued_tokens  # prefill work that must drain before this request's
-    decision = gw.admission.try_admit(request_id, stats.prefill_estimate)
+    decode = sum(gw.signals.expected_output_tokens(stats.session_id, p.max_tokens) for p in params)
+    decision = gw.admission.try_admit(request_id, stats.prefill_estimate, decode_tokens=decode, streams=len(params))
     if not decision.admit:
         gw.metrics.rejected(decision.reason)
         raise APIError(503, f"the engine is overloaded: about {decision.estimated_wait_s:.1f} s of queued prefill "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Sequence
@@ -17,7 +18,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from engine.tokenizer import Tokenizer
-from gateway.session_store import SessionStore
+from gateway.errors import APIError
+from gateway.session_store import SessionStore, StoreKey
 from trajectory.agent import Policies, Trajectory
 from trajectory.template_types import ChatTemplate, Message, ToolSchemas
 
@@ -25,7 +27,12 @@ from trajectory.template_types import ChatTemplate, Message, ToolSchemas
 @dataclass
 class SessionTurn:
     trajectory: Trajectory
-    persistent: bool  # saved in the store and its KV pinned between turns
+    key: StoreKey | None  # None: a throwaway session, neither saved nor pinned
+
+    @property
+    def persistent(self) -> bool:
+        """Saved in the store and its KV pinned between turns."""
+        return self.key is not None
 
 
 def message_digest(message: Message) -> str:
@@ -48,32 +55,41 @@ class SessionManager:
         self.tokenizer = tokenizer
         self.policies = policies
         self.ttl_s = ttl_s
-        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._locks: weakref.WeakValueDictionary[StoreKey, asyncio.Lock] = weakref.WeakValueDictionary()
 
     @asynccontextmanager
-    async def open(self, session_id: str | None, tools: ToolSchemas | None = None) -> AsyncIterator[SessionTurn]:
-        """The session for one turn, saved afterwards; a throwaway one (not pinned, not saved) without an id."""
-        if session_id is None:
-            yield SessionTurn(self._start(f"anon-{uuid.uuid4().hex}", tools), persistent=False)
+    async def open(self, key: StoreKey | None, tools: ToolSchemas | None = None,
+                   max_sessions: int | None = None) -> AsyncIterator[SessionTurn]:
+        """The session for one turn, saved afterwards; a throwaway one (not pinned, not saved) without a key.
+        A new session needs a place among its owner's `max_sessions` (APIError 429 when none is free)."""
+        if key is None:
+            yield SessionTurn(self._start(f"anon-{uuid.uuid4().hex}", tools), None)
             return
-        lock = self._locks.get(session_id)
+        lock = self._locks.get(key)
         if lock is None:
-            lock = self._locks[session_id] = asyncio.Lock()
+            lock = self._locks[key] = asyncio.Lock()
         async with lock:
-            turn = SessionTurn(await self.load(session_id, tools), persistent=True)
+            turn = SessionTurn(await self.load(key, tools, max_sessions), key)
             try:
                 yield turn
             finally:
-                await self.store.put(session_id, turn.trajectory.to_bytes(), self.ttl_s)
+                await self.store.put(key, turn.trajectory.to_bytes(), self.ttl_s)
 
-    async def load(self, session_id: str, tools: ToolSchemas | None = None) -> Trajectory:
-        data = await self.store.get(session_id)
-        if data is None:
-            return self._start(session_id, tools)
-        return Trajectory.restore(data, self.template, self.tokenizer, tools, self.policies)
+    async def load(self, key: StoreKey, tools: ToolSchemas | None = None,
+                   max_sessions: int | None = None) -> Trajectory:
+        data = await self.store.get(key)
+        if data is not None:
+            return Trajectory.restore(data, self.template, self.tokenizer, tools, self.policies)
+        if max_sessions is not None:
+            await self._claim(key, max_sessions)
+        return self._start(key.path, tools)
 
-    async def exists(self, session_id: str) -> bool:
-        return await self.store.get(session_id) is not None
+    async def _claim(self, key: StoreKey, limit: int) -> None:
+        claim = await self.store.claim(key, limit, self.ttl_s)
+        if not claim.granted:
+            raise APIError(429, f"key {key.owner!r} holds its limit of {limit} sessions; continue one of them or "
+                           "wait for one to expire", "rate_limit_error", None, "session_limit_reached",
+                           {"Retry-After": str(max(1, math.ceil(claim.retry_after_s)))})
 
     def _start(self, session_id: str, tools: ToolSchemas | None) -> Trajectory:
         return Trajectory.start(session_id, self.template, self.tokenizer, tools, self.policies)

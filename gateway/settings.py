@@ -21,6 +21,8 @@ class LimitSettings(BaseModel):
     ws_ping_interval_s: float = 20.0
     ttft_slo_s: float = 5.0  # admission: reject when the queued prefill work would exceed it
     initial_prefill_tokens_per_s: float = 2000.0
+    max_sessions_per_key: int | None = Field(default=None, ge=1)  # sessions a key holds; None: no limit
+    max_websockets_per_key: int | None = Field(default=None, ge=1)  # open WebSockets per key and replica
 
 
 class GatewaySettings(YamlSettings):
@@ -39,9 +41,10 @@ class GatewaySettings(YamlSettings):
     api_keys: list[dict[str, Any]] = Field(default_factory=list)  # see gateway.auth.ApiKeyRecord
     limits: LimitSettings = LimitSettings()
     drain_timeout_s: float = 30.0
-    default_max_tokens: int = 256
+    default_max_tokens: int | None = None  # reply cap without max_tokens; None: the rest of the context
     predictor_model: str | None = None  # next-turn load model; None: the shipped predictor/default_model.pt
     record_sessions: str | None = None  # a JSONL path: record per-turn session statistics (predictor training)
+    log_content: bool = False  # log prompt and reply text (logger agentserve.content); off: no text reaches logs
 
     @property
     def model_name(self) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.async_engine import AsyncLLMEngine
 from engine.tokenizer import Tokenizer
@@ -28,6 +28,7 @@ class GatewayState:
     signals: LoadSignals
     draining: bool = False
     in_flight: int = 0  # API requests not yet fully answered
+    websockets: dict[str, int] = field(default_factory=dict)  # principal -> open Responses WebSockets
 
     @property
     def model_name(self) -> str:

@@ -31,8 +31,8 @@ T = TypeVar("T")
 
 class ChatStreamWriter:
     def __init__(self, model: str, parse_tools: bool, n: int,
-                 decode: Callable[[list[int]], str] = lambda ids: "") -> None:
-        self.model, self.parse_tools, self.decode = model, parse_tools, decode
+                 decode: Callable[[list[int]], str] = lambda ids: "", max_tool_calls: int | None = None) -> None:
+        self.model, self.parse_tools, self.decode, self.max_tool_calls = model, parse_tools, decode, max_tool_calls
         self.id, self.created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         self.choices = [ChoiceResult(i) for i in range(n)]
         self._sent_chars = [0] * n
@@ -61,7 +61,7 @@ class ChatStreamWriter:
         and the stream, the completion object and the session's history must all show the same."""
         if index not in self._parsed:
             text = self.choices[index].text
-            self._parsed[index] = parse_tool_calls(text) if self.parse_tools else (text, [])
+            self._parsed[index] = parse_tool_calls(text, self.max_tool_calls) if self.parse_tools else (text, [])
         return self._parsed[index]
 
     def _content_delta(self, index: int, finished: bool) -> str:

@@ -11,8 +11,9 @@ from typing import Any
 TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 
 
-def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
-    """(content without the well-formed tool calls, the calls in OpenAI's shape). Malformed blocks stay text."""
+def parse_tool_calls(text: str, max_calls: int | None = None) -> tuple[str, list[dict[str, Any]]]:
+    """(content without the well-formed tool calls, the calls in OpenAI's shape). Malformed blocks stay text;
+    well-formed calls past `max_calls` (`parallel_tool_calls: false` allows one) leave the content uncalled."""
     calls: list[dict[str, Any]] = []
     kept: list[str] = []
     position = 0
@@ -22,7 +23,8 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
             continue
         kept.append(text[position:match.start()])
         position = match.end()
-        calls.append(call)
+        if max_calls is None or len(calls) < max_calls:
+            calls.append(call)
     kept.append(text[position:])
     return "".join(kept).strip() if calls else text, calls
 

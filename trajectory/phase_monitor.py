@@ -13,6 +13,7 @@ from trajectory.phase import DetectorConfig, MixConfig, MixSample, PhaseConfig, 
 
 NEUTRAL_THINK_SHARE = 0.5
 MIN_VARIANCE = 0.05 * 0.95
+MAX_EVENTS = 256  # shift events kept in `PhaseMixMonitor.events`; older ones are dropped
 
 Clock = Callable[[], float]
 ShiftSubscriber = Callable[[PhaseShiftEvent], None]
@@ -126,8 +127,8 @@ class PhaseMixMonitor:
                      one decode stream.
 
     Without turns in the window think_share is load_share alone; without turns or load it is 0.5.
-    Every observed turn also feeds its P(think) to a `ShiftDetector`; its events land in `events` and go to
-    the subscribers.
+    Every observed turn also feeds its P(think) to a `ShiftDetector`; its events land in `events` (the latest
+    `MAX_EVENTS`) and go to the subscribers.
     """
 
     def __init__(self, config: PhaseConfig, clock: Clock = time.monotonic) -> None:
@@ -197,5 +198,6 @@ class PhaseMixMonitor:
 
     def _publish(self, event: PhaseShiftEvent) -> None:
         self.events.append(event)
+        del self.events[:-MAX_EVENTS]
         for callback in self._subscribers:
             callback(event)

@@ -75,9 +75,21 @@ class SessionState:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SessionState:
-        payload = json.loads(zlib.decompress(data))
-        if payload.get("version") != FORMAT_VERSION:
-            raise ValueError(f"session format version {payload.get('version')} is not {FORMAT_VERSION}")
+        """The state `to_bytes` wrote; ValueError for anything else (corrupt, cut short, another version)."""
+        try:
+            payload = json.loads(zlib.decompress(data))
+        except (zlib.error, ValueError, RecursionError) as error:
+            raise ValueError(f"session data is not compressed JSON: {error}") from None
+        version = payload.get("version") if isinstance(payload, dict) else None
+        if version != FORMAT_VERSION:
+            raise ValueError(f"session format version {version} is not {FORMAT_VERSION}")
+        try:
+            return cls._from_json(payload)
+        except (KeyError, TypeError, AttributeError) as error:
+            raise ValueError(f"session data is malformed: {error!r}") from None
+
+    @classmethod
+    def _from_json(cls, payload: dict[str, Any]) -> SessionState:
         return cls(
             session_id=payload["session_id"],
             rendered=[_turn_from_json(t) for t in payload["rendered"]],

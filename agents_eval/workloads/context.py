@@ -10,19 +10,30 @@ built-in tokenizer; we allow 96 and 24.
 
 A turn that does not fit has its new content cut to fit, when at least one token of it does; otherwise it and
 every later turn of its session are dropped (an append-only history only grows, so later turns fit even less).
+The cut is the workload's own (`Cut`): by words for text of single-token words, by the tokenizer for tool output.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
-from agents_eval.workloads.text import cut_words
+from agents_eval.workloads.text import NoExactPrefixError, WordCut
 from agents_eval.workloads.types import APPEND, SessionScript, Turn
 
 MESSAGE_OVERHEAD_TOKENS = 16
 PROMPT_OVERHEAD_TOKENS = 8
 TOOLS_BLOCK_TOKENS = 96
 TOOL_MESSAGE_EXTRA_TOKENS = 24
+
+
+class Cut(Protocol):
+    def count(self, text: str) -> int: ...
+
+    def cut(self, text: str, n_tokens: int) -> str:
+        """A prefix of `text` of exactly `n_tokens` tokens."""
+        ...
 
 
 @dataclass
@@ -45,6 +56,7 @@ class ContextFit:
     message_overhead: int = MESSAGE_OVERHEAD_TOKENS
     prompt_overhead: int = PROMPT_OVERHEAD_TOKENS
     tool_message_extra: int = 0  # on top of message_overhead, per tool message
+    cutter: Cut = field(default_factory=WordCut)
     counts: FitCounts = field(default_factory=FitCounts)
 
     def fit(self, session: SessionScript) -> SessionScript | None:
@@ -59,7 +71,7 @@ class ContextFit:
             new_tools = sum(message["role"] == "tool" for message in turn.new_messages)
             fixed = (self._fixed_tokens(session, turn, kept, kept_messages)
                      + (kept_tools + new_tools) * self.tool_message_extra)
-            fitted = _cut_to(turn, self.max_model_len - fixed, self.counts)
+            fitted = _cut_to(turn, self.max_model_len - fixed, self.cutter, self.counts)
             if fitted is None:
                 self.counts.dropped_turns += len(session.turns) - index
                 break
@@ -84,17 +96,20 @@ class ContextFit:
                 + turn.max_output_tokens)
 
 
-def _cut_to(turn: Turn, room: int, counts: FitCounts) -> Turn | None:
+def _cut_to(turn: Turn, room: int, cutter: Cut, counts: FitCounts) -> Turn | None:
     """The turn with its new content cut to `room` tokens (from its last message), or None below one token."""
     if turn.new_tokens <= room:
         return turn
     if room < 1:
         return None
     last = turn.new_messages[-1]
-    keep_in_last = len(last["content"].split()) - (turn.new_tokens - room)
-    if keep_in_last < 1:
-        return None
-    messages = (*turn.new_messages[:-1], {**last, "content": cut_words(last["content"], keep_in_last)})
-    counts.cut_turns += 1
-    counts.cut_tokens += turn.new_tokens - room
-    return replace(turn, new_messages=messages, new_tokens=room)
+    in_last = cutter.count(last["content"])
+    for keep in range(in_last - (turn.new_tokens - room), 0, -1):  # one fewer when no prefix has exactly `keep`
+        with contextlib.suppress(NoExactPrefixError):
+            content = cutter.cut(last["content"], keep)
+            new_tokens = turn.new_tokens - (in_last - keep)
+            counts.cut_turns += 1
+            counts.cut_tokens += turn.new_tokens - new_tokens
+            return replace(turn, new_messages=(*turn.new_messages[:-1], {**last, "content": content}),
+                           new_tokens=new_tokens)
+    return None

@@ -1,7 +1,10 @@
 """The generator shared by the synthetic agent workloads (webarena, swe): a `SessionShape` says how long
 sessions are and how big each turn is in each phase; this module adds open-loop Poisson session arrivals,
 tool gaps, the think/act swing, prompt text, the context fit and truncation. Observations after the first
-turn are `tool` messages by default, user messages with `observations="user"` (`types`).
+turn are `tool` messages by default, user messages with `observations="user"` (`types`). The system prompt
+and the first turn's task are single-token words (`text`); every later observation is its tool's output
+(`observations`: shell listings and logs, accessibility trees), redundant as real output is, so pruning
+has something to remove; all are exact in tokens.
 
 A turn's planned arrival is its session's start plus, for each earlier turn, `assumed_reply_s` (the reply)
 and the tool gap; its phase is drawn from the swing window holding that time.
@@ -19,7 +22,9 @@ from agents_eval.workloads.context import (
     TOOL_MESSAGE_EXTRA_TOKENS,
     TOOLS_BLOCK_TOKENS,
     ContextFit,
+    Cut,
 )
+from agents_eval.workloads.observations import ToolOutputs
 from agents_eval.workloads.swing import Swing
 from agents_eval.workloads.text import TokenText
 from agents_eval.workloads.types import TOOL_OBSERVATIONS, USER_OBSERVATIONS, SessionScript, Turn, Workload
@@ -71,11 +76,11 @@ class SyntheticOptions:
             raise ValueError(f"observations must be {TOOL_OBSERVATIONS!r} or {USER_OBSERVATIONS!r}, "
                              f"not {self.observations!r}")
 
-    def context_fit(self) -> ContextFit:
+    def context_fit(self, cutter: Cut) -> ContextFit:
         if self.observations == USER_OBSERVATIONS:
-            return ContextFit(self.max_model_len)
+            return ContextFit(self.max_model_len, cutter=cutter)
         return ContextFit(self.max_model_len, tool_message_extra=TOOL_MESSAGE_EXTRA_TOKENS,
-                          prompt_overhead=PROMPT_OVERHEAD_TOKENS + TOOLS_BLOCK_TOKENS)
+                          prompt_overhead=PROMPT_OVERHEAD_TOKENS + TOOLS_BLOCK_TOKENS, cutter=cutter)
 
     def settings(self) -> dict[str, object]:
         return {"seed": self.seed, "rate": self.rate, "duration_s": self.duration_s,
@@ -108,9 +113,10 @@ def build_synthetic(shape: SessionShape, options: SyntheticOptions, text: TokenT
     starts = poisson_starts(random.Random(options.seed), options.rate, options.duration_s, options.max_sessions)
     system_tokens = shape.system_tokens(options.length_scale)
     system = text.block((shape.name, "system"), system_tokens)
-    scripts = [_session(shape, options, text, index, start, system, system_tokens)
+    outputs = ToolOutputs(text.tokenizer, options.seed)
+    scripts = [_session(shape, options, Texts(text, outputs), index, start, system, system_tokens)
                for index, start in enumerate(starts)]
-    fit = options.context_fit()
+    fit = options.context_fit(outputs.cutter)
     sessions = fit.fit_all(scripts)
     last_planned = max((t.planned_at_s or 0.0 for s in sessions for t in s.turns), default=0.0)
     settings = {**options.settings(), "shape": shape.settings(options.length_scale),
@@ -120,7 +126,20 @@ def build_synthetic(shape: SessionShape, options: SyntheticOptions, text: TokenT
     return Workload(shape.name, tuple(sessions), settings).truncate(options.max_requests)
 
 
-def _session(shape: SessionShape, options: SyntheticOptions, text: TokenText, index: int, start: float,
+@dataclass(frozen=True)
+class Texts:
+    """A session's text: the task in single-token words, observations as its tool prints them."""
+
+    words: TokenText
+    outputs: ToolOutputs
+
+    def turn(self, session_id: str, step: int, tool: str, n_tokens: int) -> str:
+        if step == 0:
+            return self.words.block((session_id, step), n_tokens)
+        return self.outputs.text(tool, (session_id, step), n_tokens)
+
+
+def _session(shape: SessionShape, options: SyntheticOptions, texts: Texts, index: int, start: float,
              system: str, system_tokens: int) -> SessionScript:
     rng = random.Random(f"{options.seed}:{shape.name}:{index}")
     session_id = f"{shape.name}-{options.seed}-{index:05d}"
@@ -132,7 +151,7 @@ def _session(shape: SessionShape, options: SyntheticOptions, text: TokenText, in
             at += options.assumed_reply_s + gap
         phase = options.swing.draw(rng, at)
         new_tokens, output_tokens = shape.turn_sizes(rng, phase, options.length_scale)
-        message = _observation(step, text.block((session_id, step), new_tokens), shape.tool, bool(tools))
+        message = _observation(step, texts.turn(session_id, step, shape.tool, new_tokens), shape.tool, bool(tools))
         turns.append(Turn(start if step == 0 else None, gap, (message,), new_tokens, output_tokens, phase,
                           shape.history, at, tools))
     return SessionScript(session_id, start, system, tuple(turns), system_tokens)

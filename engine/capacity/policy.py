@@ -1,20 +1,29 @@
-"""The prefill/decode split: which workers change role this interval.
+"""The prefill/decode split: which workers change role now.
 
-Demand is measured in workers kept busy. Prefill: the waiting prompt tokens, to be computed within
-`prefill_drain_s`, plus the forecast prompt tokens, within `forecast_horizon_s`, at the measured seconds per
-token of one worker. Decode: the active streams, each owed a token every `target_tpot_s`, plus the forecast
-output tokens within the horizon, at the measured worker seconds per output token (the decode step time over
-the streams per decoding worker). The workers are split in proportion.
+Demand is measured in workers kept busy at the latency targets. Its source is the gateway's admitted work when
+the snapshot carries it (`LoadSnapshot.admitted`): the uncached prompt tokens of the prompts not yet past their
+first token, and the streams not yet finished with their expected output tokens. It is known at admission and
+retired as turns are served, so it has no statistical delay. Without it (an engine driven directly) the workers'
+queues stand in: the waiting prompt tokens and the active streams, smoothed over `demand_smoothing_s` because a
+queue bursts. Prefill: the prompt tokens, to be computed within `prefill_drain_s` (an admitted prompt keeps at
+most one worker busy: it is prefilled on one), plus the forecast prompt tokens within `forecast_horizon_s`, at
+the measured seconds per token of one worker. Decode: each stream owed a token every `target_tpot_s` (an
+admitted stream no faster than its expected tokens spread over the horizon), plus the forecast output tokens
+within the horizon, at the measured worker seconds per output token (the decode step time over the streams per
+decoding worker).
 
-Hysteresis: nothing moves while the ideal prefill count is within 0.5 + `deadband_workers` of the current
-one, and a role that gained a worker within `hold_s` gives none back until then: the worker that moved does
-not switch back, nor does the split reverse through another worker (the move waits). A
-phase shift event moves one step ahead of the queue: to think, at least one more prefill worker (and at least
-round(workers x think_share) when the share is known); to act, at least one fewer. Each role keeps
-`min_per_role` workers, so when only one role has work it takes all but that floor; with no work at all and
-nothing forecast the split stays as it is. A pinned split (`pin`) overrides all of this: no floor, no hold.
-The worker that moves is the least loaded of the giving role (ties: lowest id), so decisions are
-deterministic.
+Hysteresis by demand margin: a worker moves to a role only while that role has more demand than workers (it
+misses its target) and, before the worker joins, more demand per worker than the giving role will have after
+it leaves, by over `demand_margin`. So a split under which every role meets its target stays, an imbalance
+within the margin stays, and a move never invites its reversal at the same demand. Time adds to this only for
+reversals: a role that gained a worker within `hold_s` gives none back unless the demand clearly asks for it
+(per worker, the taking role's demand is over 1 + `demand_margin` and the giving role's, in the workers it
+keeps, under 1 - `demand_margin`). A
+phase shift event (the think/act classifier's second signal) moves one step ahead of the queue: to think, at
+least one more prefill worker (and at least round(workers x think_share) when the share is known); to act, at
+least one fewer. Each role keeps `min_per_role` workers; with no work and nothing forecast the split stays. A
+pinned split (`pin`) overrides all of this: no floor, no hold. The worker that moves is the least loaded of the
+giving role (ties: lowest id), so decisions are deterministic.
 """
 
 from __future__ import annotations
@@ -58,12 +67,54 @@ def decode_s_per_token(snapshot: LoadSnapshot, settings: CapacitySettings) -> fl
 def demand(snapshot: LoadSnapshot, settings: CapacitySettings) -> Demand:
     horizon = settings.forecast_horizon_s
     prefill_s_per_token = 1.0 / (snapshot.prefill_tokens_per_s or settings.prefill_tokens_per_s)
-    prefill_tokens_per_s = (snapshot.prefill_tokens_waiting / settings.prefill_drain_s
-                            + snapshot.forecast_prefill_tokens / horizon)
-    decode_tokens_per_s = (snapshot.decode_streams / settings.target_tpot_s
-                           + snapshot.forecast_decode_tokens / horizon)
-    return Demand(prefill_s_per_token * prefill_tokens_per_s,
-                  decode_s_per_token(snapshot, settings) * decode_tokens_per_s)
+    prefill = prefill_s_per_token * _prefill_backlog(snapshot) / settings.prefill_drain_s
+    if snapshot.admitted is not None:  # one prompt is prefilled on one worker: it keeps at most that one busy
+        prefill = min(prefill, snapshot.admitted.prompts)
+    prefill += prefill_s_per_token * snapshot.forecast_prefill_tokens / horizon
+    decode_tokens_per_s = _decode_owed(snapshot, settings) + snapshot.forecast_decode_tokens / horizon
+    return Demand(prefill, decode_s_per_token(snapshot, settings) * decode_tokens_per_s)
+
+
+def _prefill_backlog(snapshot: LoadSnapshot) -> int:
+    """Prompt tokens to prefill: the admitted work's, else the workers' queues."""
+    return snapshot.prefill_tokens_waiting if snapshot.admitted is None else snapshot.admitted.prefill_tokens
+
+
+def _decode_owed(snapshot: LoadSnapshot, settings: CapacitySettings) -> float:
+    """Output tokens owed per second: a token every target_tpot_s per stream; an admitted stream no faster than
+    its expected output spread over the forecast horizon."""
+    admitted = snapshot.admitted
+    if admitted is None:
+        return snapshot.decode_streams / settings.target_tpot_s
+    return min(admitted.streams / settings.target_tpot_s, admitted.decode_tokens / settings.forecast_horizon_s)
+
+
+def _margin_steps(need: Demand, prefill: int, decode: int, settings: CapacitySettings) -> int:
+    """Workers to move to prefill (negative: to decode). One more moves only while the role taking it, before it
+    joins, has more demand than workers (it misses its latency target) and more demand per worker than the giving
+    role will have after it leaves, by over `demand_margin`."""
+    floor, margin = settings.min_per_role, settings.demand_margin
+    to_prefill = _steps(need.prefill, prefill, need.decode, decode, floor, margin)
+    return to_prefill or -_steps(need.decode, decode, need.prefill, prefill, floor, margin)
+
+
+def _steps(taking_need: float, taking: int, giving_need: float, giving: int, floor: int, margin: float) -> int:
+    steps = 0
+    while giving - steps - 1 >= floor and _worth_one_more(taking_need, taking + steps, giving_need,
+                                                          giving - steps - 1, margin):
+        steps += 1
+    return steps
+
+
+def _worth_one_more(taking_need: float, taking: int, giving_need: float, giving_after: int, margin: float) -> bool:
+    busy = _per_worker(taking_need, taking)
+    return busy > 1.0 and busy - _per_worker(giving_need, giving_after) > margin
+
+
+def _per_worker(need: float, workers: int) -> float:
+    if workers > 0:
+        return need / workers
+    return math.inf if need > 0 else 0.0
 
 
 def _round_half_up(value: float) -> int:
@@ -93,7 +144,9 @@ class CapacityPolicy:
         self._pinned = None
 
     def decide(self, snapshot: LoadSnapshot) -> Decision:
-        need = self._smooth(demand(snapshot, self.settings), snapshot.now)
+        need = demand(snapshot, self.settings)
+        if snapshot.admitted is None:
+            need = self._smooth(need, snapshot.now)
         if self._pinned is not None:
             return self._pinned_decision(snapshot, self._pinned, need)
         current = snapshot.count(PREFILL)
@@ -120,12 +173,10 @@ class CapacityPolicy:
         return smoothed
 
     def _target(self, snapshot: LoadSnapshot, need: Demand, current: int) -> tuple[int, str]:
-        total = need.prefill + need.decode
-        if total > 0:
-            ideal = len(snapshot.workers) * need.prefill / total
-            near = abs(ideal - current) < 0.5 + self.settings.deadband_workers
-            target = current if near else _round_half_up(ideal)
-            why = f"load: prefill {need.prefill:.2f} workers, decode {need.decode:.2f}"
+        if need.prefill + need.decode > 0:
+            target = current + _margin_steps(need, current, len(snapshot.workers) - current, self.settings)
+            source = "queues" if snapshot.admitted is None else "admitted"
+            why = f"load ({source}): prefill {need.prefill:.2f} workers, decode {need.decode:.2f}"
         else:
             target, why = current, "no load"
         if snapshot.shift is not None:
@@ -152,7 +203,8 @@ class CapacityPolicy:
         current = snapshot.count(PREFILL)
         giving, taking = (DECODE, PREFILL) if target > current else (PREFILL, DECODE)
         wanted = abs(target - current)
-        held = hold and wanted > 0 and self._gained_recently(snapshot, giving)
+        held = (hold and wanted > 0 and self._gained_recently(snapshot, giving)
+                and not _clearly_asked(snapshot, need, taking, wanted, self.settings.demand_margin))
         candidates = sorted((w for w in snapshot.workers if w.role == giving), key=_load_order)
         moves = () if held else tuple(Move(w.worker_id, taking) for w in candidates[:wanted])
         workers = len(snapshot.workers)
@@ -164,3 +216,12 @@ class CapacityPolicy:
     def _gained_recently(self, snapshot: LoadSnapshot, role: str) -> bool:
         return any(w.role == role and w.last_switch_at is not None
                    and snapshot.now - w.last_switch_at < self.settings.hold_s for w in snapshot.workers)
+
+
+def _clearly_asked(snapshot: LoadSnapshot, need: Demand, taking: str, wanted: int, margin: float) -> bool:
+    """The demand asks for the move beyond doubt: the taking role's demand per worker is over 1 + margin (it
+    misses its target by the margin), and the giving role's, in the workers it keeps, is under 1 - margin."""
+    giving = DECODE if taking == PREFILL else PREFILL
+    by_role = {PREFILL: need.prefill, DECODE: need.decode}
+    return (_per_worker(by_role[taking], snapshot.count(taking)) > 1 + margin
+            and _per_worker(by_role[giving], snapshot.count(giving) - wanted) < 1 - margin)

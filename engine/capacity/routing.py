@@ -8,7 +8,10 @@ request on the worker. Ties go to the lowest worker id.
 
 The turn is then prefilled on that decode worker itself (no KV transfer) when its uncached delta is small:
 below `local_prefill_max_tokens` tokens, or below `local_prefill_max_uncached_share` of the prompt (Dynamo's
-conditional disaggregation). Otherwise the least-loaded prefill worker computes the delta and streams it.
+conditional disaggregation), or whatever its size when nothing runs on that decode worker nor on any prefill
+worker: an idle deployment has no interference for disaggregation to avoid, and the KV transfer would only add
+latency. Otherwise the least-loaded prefill worker computes the delta and streams it. With both thresholds 0
+(DistServe) every turn is prefilled remotely, idle or not.
 """
 
 from __future__ import annotations
@@ -75,6 +78,15 @@ def prefill_locally(uncached_tokens: int, prompt_tokens: int, settings: Capacity
     return uncached_tokens / prompt_tokens < settings.local_prefill_max_uncached_share
 
 
+def idle(worker: WorkerLoad) -> bool:
+    return worker.running == 0 and worker.waiting_prefill_tokens == 0
+
+
+def conditional(settings: CapacitySettings) -> bool:
+    """Conditional disaggregation is on: some turns may be prefilled on their decode worker."""
+    return settings.local_prefill_max_tokens > 0 or settings.local_prefill_max_uncached_share > 0
+
+
 def place(turn: Turn, workers: Sequence[WorkerLoad], settings: CapacitySettings, block_size: int) -> Placement:
     """Where this turn decodes and whether (and where) it is prefilled elsewhere. With no decode worker every
     worker may decode; with no prefill worker the turn is prefilled locally."""
@@ -87,6 +99,9 @@ def place(turn: Turn, workers: Sequence[WorkerLoad], settings: CapacitySettings,
     prefillers = [w for w in workers if w.role == PREFILL and w.worker_id != choice.worker_id]
     if not prefillers:
         return Placement(choice.worker_id, None, True, f"local: no prefill worker; {delta}")
+    decoder = next(w for w in decoders if w.worker_id == choice.worker_id)
+    if conditional(settings) and idle(decoder) and all(idle(w) for w in prefillers):
+        return Placement(choice.worker_id, None, True, f"local: nothing running; {delta}")
     prefiller = min(prefillers, key=lambda w: (worker_load(w, block_size), w.worker_id))
     return Placement(choice.worker_id, prefiller.worker_id, False,
                      f"remote: {delta}, prefill on worker {prefiller.worker_id}, decode on {choice.worker_id}")

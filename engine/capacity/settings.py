@@ -24,7 +24,7 @@ class CapacitySettings(YamlSettings):
     interval_s: Positive = 0.1
     hold_s: NonNegative = 2.0
     min_per_role: Annotated[int, Field(ge=0)] = 1
-    deadband_workers: NonNegative = 0.25
+    demand_margin: NonNegative = 0.25
     pinned_split: tuple[int, int] | None = None  # (prefill, decode)
 
     target_tpot_s: Positive = 0.05

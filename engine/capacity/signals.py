@@ -3,7 +3,7 @@ injects it: `time.monotonic()` in the coordinator, simulated time in the cluster
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Literal
 
 # The same strings as engine.worker.messages.PREFILL/DECODE (that module pulls in torch).
@@ -30,6 +30,29 @@ class WorkerLoad:
 
 
 @dataclass(frozen=True)
+class AdmittedWork:
+    """Work the gateway admitted and has not yet seen served, as it knew it at admission: the uncached prompt
+    tokens (after turn-delta reuse) of the `prompts` not yet past their first token, and the output tokens
+    expected (`max_tokens`, or the predictor's forecast below it) of the `streams` not yet finished. Demand with
+    no statistical delay: it rises when a turn is admitted and falls when the turn is served."""
+
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    streams: int = 0
+    prompts: int = 0
+
+    def __post_init__(self) -> None:
+        if min(self.prefill_tokens, self.decode_tokens, self.streams, self.prompts) < 0:
+            raise ValueError(f"admitted work cannot be negative, got {self}")
+
+    def __add__(self, other: AdmittedWork) -> AdmittedWork:
+        return AdmittedWork(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+
+    def __sub__(self, other: AdmittedWork) -> AdmittedWork:
+        return AdmittedWork(*(a - b for a, b in zip(astuple(self), astuple(other), strict=True)))
+
+
+@dataclass(frozen=True)
 class LoadSnapshot:
     """The engine's load at `now`.
 
@@ -37,7 +60,8 @@ class LoadSnapshot:
     at their current batch); `prefill_tokens_per_s` one worker's measured prefill rate. Either is None until
     measured; the policy then assumes the settings' rates. `think_share` is the phase monitor's think share
     of the recent mix (0..1) and `shift` the direction of its latest shift event within this interval, if
-    any. The forecasts are the predictor's tokens expected within `forecast_horizon_s`.
+    any. The forecasts are the predictor's tokens expected within `forecast_horizon_s`. `admitted` is the
+    gateway's admitted work (None when nothing reports it: the policy then reads the workers' queues).
     """
 
     now: float
@@ -48,6 +72,7 @@ class LoadSnapshot:
     shift: Shift | None = None
     forecast_prefill_tokens: float = 0.0
     forecast_decode_tokens: float = 0.0
+    admitted: AdmittedWork | None = None
 
     def __post_init__(self) -> None:
         if self.shift not in (None, "think", "act"):

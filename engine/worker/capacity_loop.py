@@ -1,15 +1,15 @@
-"""The capacity controller running inside the disaggregated engine: every `interval_s` (and at once on a
-phase shift or a hand-pinned split) it builds a `LoadSnapshot` from the workers' Load reports and the
-gateway's agent signals, asks the policy for a split, moves workers with `set_role`, and evaluates the
-inflection alerts. Its decisions, moves, confirmations, shifts and alerts go to the event log that
-`GET /admin/capacity` shows."""
+"""The capacity controller running inside the disaggregated engine: every `interval_s`, and at once when the
+gateway's admitted work changes (a turn admitted or served), on a phase shift or a hand-pinned split, it
+builds a `LoadSnapshot` from the workers' Load reports and the gateway's agent signals, asks the policy for a
+split, moves workers with `set_role`, and evaluates the inflection alerts. Its decisions, moves, confirmations,
+shifts and alerts go to the event log that `GET /admin/capacity` shows."""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from engine.capacity.alerts import AlertInputs, AlertMonitor
 from engine.capacity.events import EventLog, JsonValue
@@ -82,7 +82,8 @@ class CapacityLoop:
         tpot = _mean([w.stats.decode_step_s for w in alive if w.role == m.DECODE])
         rate = _mean([w.stats.prefill_tokens_per_s for w in alive if w.role == m.PREFILL])
         return LoadSnapshot(now, loads, tpot, rate, self.signals.think_share, shift,
-                            self.signals.forecast_prefill_tokens, self.signals.forecast_decode_tokens)
+                            self.signals.forecast_prefill_tokens, self.signals.forecast_decode_tokens,
+                            self.signals.admitted)
 
     def _alerts(self, now: float) -> None:
         alive = [w for w in self.workers if w.alive]
@@ -95,11 +96,14 @@ class CapacityLoop:
                                                              transition.message)
 
     def update_signals(self, signals: AgentSignals, now: float) -> None:
+        """Decide at once (not at the next interval) on a new shift event or a change in the admitted work."""
         shifted = signals.shift_at is not None and signals.shift_at != self.signals.shift_at
+        admitted = signals.admitted != self.signals.admitted
         self.signals = signals
         if shifted and signals.shift is not None and signals.shift_at is not None:
             self.events.shift(signals.shift_at, signals.shift, signals.think_share)
-            self.tick(now, force=True)  # move ahead of the queue now, not at the next interval
+        if shifted or admitted:
+            self.tick(now, force=True)
 
     def role_applied(self, now: float, worker_id: int, role: str, latency_s: float) -> None:
         self.events.role_applied(now, worker_id, role, latency_s)
@@ -131,6 +135,8 @@ class CapacityLoop:
             "last_decision": None if decision is None else decision.reason,
             "alerts": list(self.alerts.active),
             "moves": self.moves,
+            "admitted": None if self.signals.admitted is None else asdict(self.signals.admitted),
+            "admitted_total": asdict(self.signals.admitted_total),
             **self.events.to_json(),
         }
 

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from agents_eval.capacity_bench import _rank, p99, reallocations
-from agents_eval.capacity_bench_swing import RunResult, SwingWorkload
+from agents_eval.capacity_bench import _rank, goal, moves_per_window, p99, reallocations
+from agents_eval.capacity_bench_swing import RunResult, SwingWorkload, _Live, _record
+from engine.capacity.signals import AdmittedWork
+from engine.output import RequestOutput
+from gateway.admission import AdmissionController
 from gateway.cli import main
 
 
@@ -28,6 +32,29 @@ def test_reallocations_measure_from_the_first_turn_of_each_shift() -> None:
     assert rows[1]["shift_event_s"] == pytest.approx(0.3) and rows[1]["decision_s"] is None
 
 
+def test_moves_per_window_count_decisions_into_each_role() -> None:
+    moves = [("decode", 0.5), ("decode", 0.5), ("prefill", 5.2), ("decode", 6.0), ("prefill", 7.0)]
+    events = [{"kind": "move", "role": role, "at": at} for role, at in moves]
+    run = RunResult(window_starts=[(0.1, "act"), (5.0, "think")],
+                    events=[*events, {"kind": "role_applied", "role": "prefill", "at": 7.1}])
+    assert moves_per_window(run) == [{"window": "act", "at_s": 0.1, "prefill": 0, "decode": 1},
+                                     {"window": "think", "at_s": 5.0, "prefill": 2, "decode": 1}]
+
+
+def test_the_goal_needs_every_criterion() -> None:
+    shifts = [{"serving_s": 0.05}, {"serving_s": 0.3}, {"serving_s": 0.08}]
+    moves = [{"prefill": 1, "decode": 1}, {"prefill": 1, "decode": 0}]
+    summaries: dict[str, dict[str, Any]] = {"controller": {"p99_ttft_s": 0.9}, "fixed 1P/1D": {"p99_ttft_s": 1.0},
+                                            "fixed 2P/0D": {"p99_ttft_s": None}}
+    met = goal(shifts, moves, summaries)
+    assert met["met"] and met["p50_serving_s"] == 0.08 and met["max_serving_s"] == 0.3
+    assert not goal([*shifts, {"serving_s": None}], moves, summaries)["criteria"]["serving"]
+    assert not goal([{"serving_s": 0.2}], moves, summaries)["criteria"]["median"]
+    assert not goal(shifts, [{"prefill": 2, "decode": 0}], summaries)["criteria"]["moves"]
+    slower = {**summaries, "fixed 1P/1D": {"p99_ttft_s": 0.9}}
+    assert not goal(shifts, moves, slower)["criteria"]["p99_ttft"]
+
+
 def test_fixed_splits_rank_by_both_p99s_and_p99_picks_the_tail() -> None:
     summaries = {"controller": {"p99_ttft_s": 0.1, "p99_tpot_s": 0.01},
                  "fixed 1P/3D": {"p99_ttft_s": 0.9, "p99_tpot_s": 0.01},
@@ -35,6 +62,20 @@ def test_fixed_splits_rank_by_both_p99s_and_p99_picks_the_tail() -> None:
                  "fixed 3P/1D": {"p99_ttft_s": 0.1, "p99_tpot_s": 0.5}}
     assert _rank(summaries) == ["fixed 2P/2D", "fixed 1P/3D", "fixed 3P/1D"]
     assert p99([float(i) for i in range(101)]) == 99.0 and p99([]) is None
+
+
+def test_ttft_counts_from_the_planned_arrival_and_the_ledger_retires_the_turn() -> None:
+    ledger, result = AdmissionController(ttft_slo_s=60.0, initial_prefill_tokens_per_s=1.0), RunResult()
+    ledger.on_admit("r1", 1536, 3)
+    live = {"r1": _Live(arrival=10.0)}  # planned at 10.0 s, whenever the driver got to submitting it
+
+    def output(tokens: int, finished: bool) -> RequestOutput:
+        return RequestOutput("r1", [7] * tokens, "", finished, "length" if finished else None, 1536, 0)
+
+    _record(ledger, live, result, output(1, False), 10.4, lambda n: None)
+    assert result.ttft_s == [pytest.approx(0.4)] and ledger.admitted == AdmittedWork(0, 3, 1)
+    _record(ledger, live, result, output(2, True), 10.6, lambda n: None)
+    assert result.tpot_s == [pytest.approx(0.1)] and ledger.admitted == AdmittedWork() and result.finished == 1
 
 
 def test_the_swing_workload_has_its_majority_in_each_window() -> None:
@@ -59,5 +100,6 @@ def test_a_short_run_writes_a_complete_report(tmp_path: Path) -> None:
     assert report["best_fixed"] == report["worst_fixed"] == "fixed 1P/1D"
     assert [r["shift_to"] for r in report["reallocations"]] == ["think"]
     assert report["goal"]["shifts"] == 1 and report["timeline"]
+    assert [w["window"] for w in report["moves_per_window"]] == ["act", "think"]
     assert (tmp_path / "role_timeline.png").read_bytes()[:4] == b"\x89PNG"
     assert "Reallocation latency" in (tmp_path / "report.md").read_text()

@@ -1,4 +1,5 @@
-"""Seeded agent workloads: exact token text, Mooncake replay, WebArena/SWE shapes, swing, truncation, context."""
+"""Seeded agent workloads: exact token text, Mooncake replay, WebArena/SWE shapes, swing, truncation, context,
+observations as tool output."""
 
 from __future__ import annotations
 
@@ -8,12 +9,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import tokenizers
+from tokenizers import decoders, models, pre_tokenizers
 
 from agents_eval.workloads import ACT, APPEND, LAST_ACTION, THINK, Workload, mooncake, swe, webarena
+from agents_eval.workloads.observations import ToolOutputs
 from agents_eval.workloads.swing import Swing
-from agents_eval.workloads.text import TokenText, cut_words
+from agents_eval.workloads.text import NoExactPrefixError, TokenCut, TokenText, cut_words
 from agents_eval.workloads.types import SessionScript
-from engine.tokenizer import Tokenizer
+from engine.tokenizer import HFTokenizer, Tokenizer
+from trajectory.pruning import OBSERVATION_ROLE, PruningConfig, prune
 from trajectory.template import DefaultChatTemplate, Message
 
 TINY_CONTEXT = 2048
@@ -281,3 +286,55 @@ def _rendered_requests(session: SessionScript, text: TokenText) -> list[tuple[st
         reply = Message("assistant", text.block(("reply", index), turn.max_output_tokens))
         history = [*history, *new, reply] if turn.history == APPEND else [reply]
     return requests
+
+
+# -- observations: tool output, exact in tokens, with something to prune
+
+
+@pytest.mark.parametrize(("build", "tool", "opening"), [(swe.build, "shell", "$ "),
+                                                        (webarena.build, "browser", "RootWebArea '")])
+def test_observations_are_tool_output_that_pruning_shortens(build: Callable[..., Workload], tool: str, opening: str,
+                                                             text: TokenText, tokenizer: Tokenizer) -> None:
+    workload = build(seed=3, tokenizer=text, max_requests=120)
+    observations = [m for s in workload.sessions for t in s.turns for m in t.new_messages if m["role"] == "tool"]
+    assert len(observations) > 60
+    assert all(m["content"].startswith(opening) or opening.startswith(m["content"]) for m in observations)
+    config = PruningConfig.load()
+    results = [prune(m["content"], OBSERVATION_ROLE, m["name"], config, lambda s: len(tokenizer.encode(s)))
+               for m in observations]
+    before, after = sum(r.tokens_before for r in results), sum(r.tokens_after for r in results)
+    assert before == sum(t.new_tokens for s in workload.sessions for t in s.turns[1:])
+    assert after < before * 0.99  # pruning engages: whitespace, punctuation runs, repeated lines
+
+
+def toy_bpe() -> HFTokenizer:
+    """A real byte-level BPE whose one merge is newline + tab: a prefix ending in it counts one token that the
+    next character splits in two, so the count jumps from n - 1 to n + 1 (as SmolLM2's does on trees)."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    merged = "\u010a\u0109"  # "\n\t" in byte-level characters
+    vocab = {piece: index for index, piece in enumerate([*alphabet, merged])}
+    bpe = tokenizers.Tokenizer(models.BPE(vocab, [("\u010a", "\u0109")]))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    return HFTokenizer(bpe, None, None)
+
+
+def test_token_cut_is_exact_or_says_no_prefix_is() -> None:
+    cutter = TokenCut(toy_bpe())
+    assert [cutter.count("x\n\t[1]"[:end]) for end in range(1, 5)] == [1, 2, 2, 4]
+    assert cutter.cut("x\n\t[1]", 4) == "x\n\t[" and cutter.cut("x\n\t[1]", 2) in ("x\n", "x\n\t")
+    with pytest.raises(NoExactPrefixError):
+        cutter.cut("x\n\t[1]", 3)
+    with pytest.raises(ValueError, match="fewer than"):
+        cutter.cut("x", 2)
+
+
+def test_tool_outputs_are_exact_where_some_counts_cannot_be_cut_to() -> None:
+    tokenizer = toy_bpe()
+    outputs = ToolOutputs(tokenizer, seed=1)
+    for n in (1, 7, 40, 75, 131, 260, 480):
+        for tool in ("shell", "browser"):
+            content = outputs.text(tool, ("key", n), n)
+            assert len(tokenizer.encode(content)) == n and content == outputs.text(tool, ("key", n), n)
+    with pytest.raises(ValueError, match="no observations for tool"):
+        outputs.text("fax", "key", 10)

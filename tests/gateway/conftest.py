@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import httpx
 import pytest
@@ -21,10 +22,14 @@ from fastapi import FastAPI
 from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine
 from gateway.app import create_app
+from gateway.auth import hash_key
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must not fetch its price list
+ADMIN_KEY = "sk-as-test-admin"
+ADMIN = {"name": "operator", "sha256": hash_key(ADMIN_KEY), "admin": True}  # an api_keys entry
+ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
 def wait_until_ready(url: str, timeout_s: float = 60.0) -> None:
@@ -62,7 +67,7 @@ def serving(app: FastAPI, port: int) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def gateway_url() -> Iterator[str]:
-    settings = GatewaySettings(model="tiny", port=free_port(), default_max_tokens=16)
+    settings = GatewaySettings(model="tiny", port=free_port(), default_max_tokens=16, api_keys=[ADMIN])
     engine = LLMEngine("tiny", EngineSettings(num_kv_blocks=1024))
     with running_gateway(settings, engine) as url:
         yield url
@@ -76,11 +81,13 @@ def gateway_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gatewa
     """Start `agentserve serve --model tiny` processes with extra environment; all stopped after the module
     (a process takes seconds to start: a module's tests may share them)."""
     started: list[subprocess.Popen[bytes]] = []
+    logs: list[BinaryIO] = []
     tmp_path = tmp_path_factory.mktemp("gateways")
 
     def start(**env: str) -> tuple[subprocess.Popen[bytes], str]:
         port = free_port()
-        log = open(tmp_path / f"gateway-{port}.log", "wb")  # noqa: SIM115 - closed with the process
+        log = open(tmp_path / f"gateway-{port}.log", "wb")  # noqa: SIM115 - closed after the processes stop
+        logs.append(log)
         process = subprocess.Popen(
             [str(Path(sys.executable).with_name("agentserve")), "serve", "--model", "tiny", "--port", str(port)],
             env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
@@ -98,3 +105,6 @@ def gateway_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gatewa
             process.wait(timeout=15)
         except subprocess.TimeoutExpired:
             process.kill()
+            process.wait(timeout=15)
+    for log in logs:
+        log.close()

@@ -16,6 +16,7 @@ from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine
 from gateway.app import create_app
 from gateway.auth import hash_key
+from gateway.session_store import session_key
 from gateway.settings import GatewaySettings, LimitSettings
 from gateway.state import GatewayState
 from tests.conftest import free_port
@@ -68,7 +69,7 @@ def test_vip_key_pins_its_session_as_vip(secured: tuple[str, GatewayState]) -> N
     url, gw = secured
     client(url, VIP_KEY).chat.completions.create(model="tiny", messages=MESSAGES,  # type: ignore[arg-type]
                                                  extra_headers={"X-Session-Id": "vip-session"})
-    pin = gw.engine.engine.scheduler.pins.pins["vip-session"]
+    pin = gw.engine.engine.scheduler.pins.pins[session_key("vip-agent", "vip-session").path]
     assert pin.vip
 
 

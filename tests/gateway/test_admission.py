@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from engine.capacity.signals import AdmittedWork
 from gateway.admission import AdmissionController
 
 
@@ -167,3 +168,35 @@ def test_retry_after_is_when_the_prompt_fits(queued: list[int], prompt: int) -> 
         assert not admission.check(prompt).admit
         engine.run(2e-3)
         assert admission.check(prompt).admit
+
+
+def test_the_ledger_keeps_admitted_work_until_it_is_served() -> None:
+    """Prompt tokens until the first token, expected output tokens and streams until the end."""
+    admission = controller(slo=100.0)
+    changes: list[AdmittedWork] = []
+    admission.subscribe(lambda: changes.append(admission.admitted))
+    admission.on_admit("a", 600, decode_tokens=64)
+    admission.try_admit("b", 30, decode_tokens=2 * 16, streams=2)
+    assert admission.admitted == AdmittedWork(630, 96, 3, prompts=2)
+    admission.on_first_token("a")
+    admission.on_first_token("a")  # seen once
+    assert admission.admitted == AdmittedWork(30, 96, 3, prompts=1) and admission.queued_tokens == 30
+    admission.on_finish("b")  # before its first token: everything it added goes
+    admission.on_finish("a")
+    admission.on_finish("never-admitted")
+    assert admission.admitted == AdmittedWork()
+    assert changes == [AdmittedWork(600, 64, 1, 1), AdmittedWork(630, 96, 3, 2), AdmittedWork(30, 96, 3, 1),
+                       AdmittedWork(0, 64, 1), AdmittedWork()]
+    assert admission.admitted_total == AdmittedWork(630, 96, 3, prompts=2)
+
+
+def test_a_refused_request_adds_no_work() -> None:
+    admission = controller()
+    admission.on_admit("a", 900, decode_tokens=10)
+    assert not admission.try_admit("b", 500, decode_tokens=10).admit
+    assert admission.admitted == admission.admitted_total == AdmittedWork(900, 10, 1, prompts=1)
+
+
+def test_negative_expected_output_is_refused() -> None:
+    with pytest.raises(ValueError, match="decode_tokens"):
+        controller().on_admit("a", 10, decode_tokens=-1)

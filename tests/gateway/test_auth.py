@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import hmac
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
 from gateway.auth import (
+    ANONYMOUS,
     ANONYMOUS_PRINCIPAL,
     ApiKeyRecord,
     AuthError,
+    HoldLimits,
     KeyRing,
     RateLimit,
     bearer_token,
@@ -105,3 +110,44 @@ def test_enabled_without_keys_is_a_config_error() -> None:
     with pytest.raises(ValueError, match="no api keys"):
         KeyRing([], enabled=True)
     assert KeyRing([], enabled=False).authenticate(None) == ANONYMOUS_PRINCIPAL
+
+
+def test_every_record_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    compared: list[bytes] = []
+    real = hmac.compare_digest
+
+    def counting(a: bytes, b: bytes) -> bool:
+        compared.append(a)
+        return real(a, b)
+
+    monkeypatch.setattr(hmac, "compare_digest", counting)
+    keys = ring()
+    for header in (f"Bearer {AGENT_KEY}", f"Bearer {VIP_KEY}", "Bearer sk-as-unknown"):
+        compared.clear()
+        with contextlib.suppress(AuthError):
+            keys.authenticate(header)
+        assert len(compared) == 2  # every record, with hmac.compare_digest, whichever one matches
+
+
+def test_admin_keys_are_needed_for_admin_whether_or_not_auth_is_on() -> None:
+    entries: list[dict[str, Any]] = [{"name": "agent", "sha256": hash_key(AGENT_KEY)},
+                                      {"name": "ops", "sha256": hash_key("ops-key"), "admin": True}]
+    for enabled in (True, False):
+        keys = KeyRing.from_config(entries, enabled=enabled)
+        assert keys.authenticate_admin("Bearer ops-key").admin
+        with pytest.raises(AuthError) as refused:
+            keys.authenticate_admin(f"Bearer {AGENT_KEY}")
+        assert (refused.value.status, refused.value.code) == (403, "admin_key_required")
+        with pytest.raises(AuthError) as missing:
+            keys.authenticate_admin(None)
+        assert (missing.value.status, missing.value.code) == (401, "missing_api_key")
+
+
+def test_hold_limits_come_from_the_key_or_the_defaults() -> None:
+    defaults = HoldLimits(sessions=100, websockets=4)
+    keys = KeyRing.from_config([{"name": "agent", "sha256": hash_key(AGENT_KEY), "max_websockets": 1}], True,
+                               defaults)
+    assert keys.authenticate(f"Bearer {AGENT_KEY}").holds == HoldLimits(sessions=100, websockets=1)
+    assert KeyRing([], False, defaults).authenticate(None).holds == defaults
+    with pytest.raises(ValidationError, match="anonymous"):
+        KeyRing.from_config([{"name": ANONYMOUS, "sha256": hash_key("k")}], True)

@@ -4,6 +4,7 @@ sessions routed to the decode worker that holds their KV, per-role worker gauges
 from __future__ import annotations
 
 import itertools
+import json
 import signal
 import subprocess
 
@@ -12,7 +13,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.gateway.conftest import GatewayProcess
+from tests.gateway.conftest import ADMIN, ADMIN_HEADERS, GatewayProcess
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def disaggregated(gateway_process: GatewayProcess) -> tuple[subprocess.Popen[bytes], str]:
     return gateway_process(AGENTSERVE_DISAGGREGATED="true", AGENTSERVE_DEFAULT_MAX_TOKENS="8",
-                           AGENTSERVE_DEPLOYMENT_KV_TIMEOUT_S="5")
+                           AGENTSERVE_DEPLOYMENT_KV_TIMEOUT_S="5", AGENTSERVE_API_KEYS=json.dumps([ADMIN]))
 
 
 def metric(url: str, name: str, **labels: str) -> float:
@@ -72,20 +73,20 @@ def test_a_websocket_session_reuses_its_kv_on_the_decode_worker(
 
 def test_admin_capacity_shows_and_pins_the_split(disaggregated: tuple[subprocess.Popen[bytes], str]) -> None:
     _, url = disaggregated
-    report = httpx.get(f"{url}/admin/capacity").json()
+    report = httpx.get(f"{url}/admin/capacity", headers=ADMIN_HEADERS).json()
     assert report["split"] == {"prefill": 1, "decode": 1} and report["pinned"] is None
     assert sorted(w["role"] for w in report["workers"]) == ["decode", "prefill"]
-    pinned = httpx.post(f"{url}/admin/capacity", json={"prefill": 0, "decode": 2}).json()
+    pinned = httpx.post(f"{url}/admin/capacity", json={"prefill": 0, "decode": 2}, headers=ADMIN_HEADERS).json()
     assert pinned["split"] == {"prefill": 0, "decode": 2} and pinned["pinned"] == {"prefill": 0, "decode": 2}
     assert [e["role"] for e in pinned["events"] if e["kind"] == "move"] == ["decode"]
     assert metric(url, "num_workers", role="decode") == 2
     assert metric(url, "capacity_target_workers", role="decode") == 2
     assert metric(url, "capacity_role_moves_total") >= 1 and metric(url, "capacity_last_move_timestamp_seconds") > 0
-    released = httpx.post(f"{url}/admin/capacity", json={"unpin": True}).json()
+    released = httpx.post(f"{url}/admin/capacity", json={"unpin": True}, headers=ADMIN_HEADERS).json()
     assert released["pinned"] is None
     for bad in ({"prefill": 1}, {"prefill": 1, "decode": 1, "unpin": True}, {"prefill": -1, "decode": 2},
                 {"prefill": 0, "decode": 0}, {"workers": 3}):
-        response = httpx.post(f"{url}/admin/capacity", json=bad)
+        response = httpx.post(f"{url}/admin/capacity", json=bad, headers=ADMIN_HEADERS)
         assert response.status_code == 400, bad
         assert response.json()["error"]["type"] == "invalid_request_error"
 

@@ -8,11 +8,17 @@ from pathlib import Path
 
 import httpx
 
+from engine.async_engine import AsyncLLMEngine
 from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine
 from gateway.app import create_app
+from gateway.auth import ANONYMOUS
+from gateway.load_signals import LoadSignals
+from gateway.session_store import session_key
 from gateway.settings import GatewaySettings
+from predictor.forecast import LoadForecaster
 from predictor.recording import read_recording
+from predictor.records import TurnRecord
 from tests.conftest import free_port
 from tests.gateway.conftest import serving
 
@@ -32,10 +38,26 @@ def test_session_turns_are_recorded_and_observed(tmp_path: Path) -> None:
         httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "no session", "max_tokens": 2})
         mix = app.state.gateway.signals.monitor.mix()
     lines = [json.loads(line) for line in recording.read_text().splitlines()]
-    assert [line["session_id"] for line in lines] == ["agent-7"] * 3  # raw completions are no agent turn
+    session = session_key(ANONYMOUS, "agent-7").path  # the session as its key owns it
+    assert [line["session_id"] for line in lines] == [session] * 3  # raw completions are no agent turn
     assert [line["output_tokens"] for line in lines] == [4, 4, 4]
     assert all(line["new_tokens"] == line["prompt_tokens"] - line["cached_tokens"] for line in lines)
     assert lines[0]["tool_gap_s"] == 0 and all(line["tool_gap_s"] > 0 for line in lines[1:])
     assert lines[2]["cached_tokens"] > lines[1]["prompt_tokens"] // 2  # the session's KV was reused
-    assert [t.phase for t in read_recording(recording)["agent-7"]] == [line["phase"] for line in lines]
+    assert [t.phase for t in read_recording(recording)[session]] == [line["phase"] for line in lines]
     assert mix.turns_in_window == 3 and mix.active_decodes == 0
+
+
+def test_a_turn_is_expected_to_decode_its_forecast_capped_at_max_tokens() -> None:
+    forecaster = LoadForecaster()
+    signals = LoadSignals(AsyncLLMEngine(LLMEngine("tiny", EngineSettings(num_kv_blocks=64))), 0.1, 1.0,
+                          forecaster, None)
+    assert signals.expected_output_tokens("agent-1", 256) == 256  # a session never seen: max_tokens
+    forecaster.observe("agent-1", TurnRecord(500, 500, 0, 12, 0.0, "think"), 0.0)
+    assert signals.expected_output_tokens("agent-1", 256) == 256  # not predicted before the next forecast
+    forecaster.forecast(1.0, 0.0)
+    predicted = forecaster.expected_output_tokens("agent-1")
+    assert predicted is not None and 4 < predicted < 256
+    assert signals.expected_output_tokens("agent-1", 256) == round(predicted)
+    assert signals.expected_output_tokens("agent-1", 4) == 4
+    assert signals.expected_output_tokens(None, 256) == 256

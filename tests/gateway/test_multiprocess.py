@@ -16,7 +16,8 @@ import openai
 import pytest
 import redis
 
-from gateway.session_store import KEY_PREFIX
+from gateway.auth import ANONYMOUS
+from gateway.session_store import KEY_PREFIX, REDIS_PREFIX, session_key
 from tests.conftest import wait_for
 from tests.gateway.conftest import GatewayProcess
 
@@ -57,11 +58,12 @@ def test_a_session_continues_on_another_replica_through_redis(replicas: list[Rep
     (_, url_a), (_, url_b) = replicas
     store = redis.Redis.from_url(redis_url)
     session_id = f"agent-{uuid.uuid4().hex}"
+    key = REDIS_PREFIX + session_key(ANONYMOUS, session_id).path  # without auth every session is anonymous's
     sizes = []
 
     def on_a(messages: list[dict[str, Any]]) -> Any:
         reply = chat(url_a, messages, session_id)
-        sizes.append(len(store.get(KEY_PREFIX + session_id) or b""))
+        sizes.append(len(store.get(key) or b""))
         return reply
 
     turn_1, turn_2, messages = two_turns(on_a, lambda messages: chat(url_b, messages, session_id))
@@ -75,8 +77,7 @@ def test_a_session_continues_on_another_replica_through_redis(replicas: list[Rep
     # B continued the session's token history: started afresh, it would render the reply's text anew, and
     # the random model's tokens do not survive that round trip.
     assert chat(gateway_url, messages).usage.prompt_tokens != turn_2.usage.prompt_tokens
-    key = f"{KEY_PREFIX}{session_id}".encode()
-    assert key in store.keys(f"{KEY_PREFIX}*")
+    assert key.encode() in store.keys(f"{KEY_PREFIX}*")
     assert len(store.get(key) or b"") > sizes[0] > 0  # B saved the session's second turn
     assert store.pttl(key) > 0
 

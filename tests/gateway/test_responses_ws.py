@@ -18,7 +18,9 @@ from websockets.sync.client import ClientConnection, connect
 
 from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine
+from gateway.auth import ANONYMOUS
 from gateway.responses_ws import uvicorn_websocket_options
+from gateway.session_store import session_key
 from gateway.settings import GatewaySettings, LimitSettings
 from tests.conftest import free_port
 from tests.gateway.conftest import running_gateway
@@ -142,7 +144,7 @@ def test_bad_frames_get_error_events_and_the_socket_stays(gateway: Gateway) -> N
         ws.send(json.dumps({"type": "response.create", "event_id": "evt_3", "input": "x" * MESSAGE_LIMIT}))
         too_large = receive(ws)
         assert (too_large["event_id"], too_large["error"]["code"]) == ("evt_3", "message_too_large")
-        ws.send(json.dumps({"type": "response.create", "event_id": "evt_4", "max_output_tokens": 0}))
+        ws.send(json.dumps({"type": "response.create", "event_id": "evt_4", "input": "hi", "max_output_tokens": 0}))
         invalid = receive(ws)
         assert (invalid["event_id"], invalid["error"]["param"]) == ("evt_4", "max_output_tokens")
         events = create(ws, input="still here?", stream_id="lane-a")
@@ -168,7 +170,7 @@ def test_tool_call_announcements_retime_the_sessions_kv_pin(gateway: Gateway) ->
                             "event_id": "evt_5"}))
         updated = receive(ws)
         assert updated["type"] == "session.kv_ttl.updated" and updated["event_id"] == "evt_5"
-        assert updated["session_id"] == session and updated["kv_pin_ttl_s"] > 20
+        assert session == session_key(ANONYMOUS, updated["session_id"]).path and updated["kv_pin_ttl_s"] > 20
         assert until(lambda: remaining() > 20)
         ws.send(json.dumps({"type": "session.tool_call.finished"}))
         assert receive(ws)["kv_pin_ttl_s"] <= 10

@@ -11,7 +11,7 @@ from engine.config import EngineSettings
 from engine.llm_engine import Completion, LLMEngine
 from engine.sampling import SamplingParams
 from engine.tokenizer import load_tokenizer
-from gateway.session_store import RedisSessionStore
+from gateway.session_store import RedisSessionStore, session_key
 from trajectory.agent import Policies, Trajectory, TurnPlan
 from trajectory.phase import Phase
 from trajectory.template import DefaultChatTemplate
@@ -116,13 +116,13 @@ async def test_session_round_trips_through_redis_and_continues(engine: LLMEngine
             result = run(engine, plans[1], session=False)
             for t in (first, second):
                 t.record_reply(result.token_ids, now=index + 0.5)
-            await store.put("resume", first.to_bytes(), ttl_s=60)
-            data = await store.get("resume")
+            await store.put(session_key("test", "resume"), first.to_bytes(), ttl_s=60)
+            data = await store.get(session_key("test", "resume"))
             assert data is not None
             first = Trajectory.restore(data, DefaultChatTemplate(), load_tokenizer(None))
         assert first.state.token_ids == second.state.token_ids
         assert json.dumps([t.__dict__ for t in first.state.turns]) == json.dumps(
             [t.__dict__ for t in second.state.turns])
     finally:
-        await store.delete("resume")
+        await store.delete(session_key("test", "resume"))
         await store.close()

@@ -9,10 +9,12 @@ import sys
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from engine.capacity.policy import CapacityPolicy, Decision, Move, demand
+from engine.capacity.policy import CapacityPolicy, Decision, Demand, Move, demand
 from engine.capacity.settings import CapacitySettings
-from engine.capacity.signals import DECODE, PREFILL, LoadSnapshot, WorkerLoad
+from engine.capacity.signals import DECODE, PREFILL, AdmittedWork, LoadSnapshot, WorkerLoad
 
 P, D = PREFILL, DECODE
 
@@ -55,6 +57,30 @@ def test_smoothing_lets_a_burst_pass_and_follows_a_lasting_load() -> None:
     assert lasting[-1].prefill >= 2  # after a few time constants the demand is the queue's
 
 
+def test_admitted_work_replaces_the_queues_and_is_not_smoothed() -> None:
+    policy = CapacityPolicy(CapacitySettings(demand_smoothing_s=2.0, hold_s=0))
+    quiet = policy.decide(snapshot("PPDD", now=0.0, waiting=50000, streams=40, admitted=AdmittedWork()))
+    assert quiet.demand == Demand(0.0, 0.0) and quiet.moves == ()  # the queues' 10 and 4 workers are not read
+    work = AdmittedWork(prefill_tokens=20000, decode_tokens=640, streams=10, prompts=4)
+    burst = policy.decide(snapshot("PPDD", now=0.1, admitted=work))
+    assert burst.demand.prefill == pytest.approx(4.0)  # 20000 tokens x 1e-4 s / 0.5 s, at once
+    assert burst.demand.decode == pytest.approx(1.0)  # 10 streams x 0.005 s / 0.05 s
+    assert burst.moves == (Move(2, P),) and "admitted" in burst.reason
+
+
+def test_an_admitted_prompt_keeps_at_most_one_worker_busy(policy: CapacityPolicy) -> None:
+    one_long_prompt = snapshot("PDDD", admitted=AdmittedWork(prefill_tokens=30000, prompts=1))
+    assert demand(one_long_prompt, policy.settings).prefill == pytest.approx(1.0)  # not 6: one worker prefills it
+    assert policy.decide(one_long_prompt).moves == ()
+
+
+def test_an_admitted_stream_is_owed_no_more_than_its_expected_tokens(policy: CapacityPolicy) -> None:
+    short = snapshot("PD", admitted=AdmittedWork(decode_tokens=5, streams=10))  # 5 tokens over the 1 s horizon
+    assert demand(short, policy.settings).decode == pytest.approx(5 * 0.005)
+    long = snapshot("PD", admitted=AdmittedWork(decode_tokens=5000, streams=10))  # a token per 50 ms each
+    assert demand(long, policy.settings).decode == pytest.approx(10 / 0.05 * 0.005)
+
+
 def test_the_split_moves_toward_the_load(policy: CapacityPolicy) -> None:
     decision = policy.decide(snapshot("PPDD", waiting=15000, streams=10, running=(3, 3, 5, 3)))
     assert (decision.prefill, decision.decode) == (3, 1)
@@ -77,23 +103,45 @@ def test_measured_speeds_replace_the_assumed_ones(policy: CapacityPolicy) -> Non
     assert demand(fast_prefill, policy.settings).prefill == pytest.approx(1.0)
 
 
-def test_a_deadband_keeps_small_imbalances_still(policy: CapacityPolicy) -> None:
-    near = policy.decide(snapshot("PPDD", waiting=13000, streams=14))  # ideal 2.6 prefill workers
-    assert near.moves == () and (near.prefill, near.decode) == (2, 2)
-    far = policy.decide(snapshot("PPDD", waiting=14000, streams=12))  # ideal 2.8
-    assert far.moves == (Move(2, P),)
+def test_a_split_under_which_every_role_meets_its_target_stays(policy: CapacityPolicy) -> None:
+    assert policy.decide(snapshot("PPDD", waiting=9000, streams=19)).moves == ()  # 1.8 and 1.9 workers on 2 each
+    assert policy.decide(snapshot("PPDD", waiting=500, streams=19)).moves == ()  # skewed, but each role fits
 
 
-def test_hysteresis_holds_within_hold_s_and_moves_after(policy: CapacityPolicy) -> None:
+def test_an_imbalance_within_the_demand_margin_stays(policy: CapacityPolicy) -> None:
+    within = policy.decide(snapshot("PPDD", waiting=12000, streams=10))  # 1.2 per prefill worker, 1.0 after
+    assert within.moves == () and (within.prefill, within.decode) == (2, 2)
+    beyond = policy.decide(snapshot("PPDD", waiting=13000, streams=10))  # 1.3 against 1.0: past the 0.25 margin
+    assert beyond.moves == (Move(2, P),)
+    wide = CapacityPolicy(CapacitySettings(demand_smoothing_s=0, demand_margin=0.5))
+    assert wide.decide(snapshot("PPDD", waiting=13000, streams=10)).moves == ()
+
+
+@settings(max_examples=200, deadline=None)
+@given(roles=st.text("PD", min_size=2, max_size=6), waiting=st.integers(0, 80000), streams=st.integers(0, 120))
+def test_a_move_never_invites_its_reversal_at_the_same_demand(roles: str, waiting: int, streams: int) -> None:
+    if "P" not in roles or "D" not in roles:
+        return
+    policy = CapacityPolicy(CapacitySettings(demand_smoothing_s=0, hold_s=0))
+    before = snapshot(roles, waiting=waiting, streams=streams)
+    after = apply(before, policy.decide(before))
+    assert policy.decide(after).moves == ()
+
+
+def test_the_hold_delays_an_unclear_reversal_but_not_a_clear_one(policy: CapacityPolicy) -> None:
     think = snapshot("PDD", now=0.0, waiting=20000, streams=5)  # 3 streams on worker 1, 2 on worker 2
     decision = policy.decide(think)
     assert decision.moves == (Move(2, P),)
     assert [w.last_switch_at for w in apply(think, decision).workers] == [None, None, 0.0]
+    # Decode misses its target, but prefill's 1.2 workers would not fit in the one worker it keeps: held.
     for now in (0.1, 1.0, 1.99):
-        held = policy.decide(snapshot("PDP", now=now, streams=40, switched={2: 0.0}))
+        held = policy.decide(snapshot("PDP", now=now, waiting=6000, streams=40, switched={2: 0.0}))
         assert held.moves == () and held.prefill == 1 and "held" in held.reason
-    after = policy.decide(snapshot("PDP", now=2.0, streams=40, switched={2: 0.0}, running=(2, 40, 0)))
+    after = policy.decide(snapshot("PDP", now=2.0, waiting=6000, streams=40, switched={2: 0.0}, running=(2, 40, 0)))
     assert after.moves == (Move(2, D),)  # the least loaded prefill worker
+    # Prefill has nothing left to do and decode needs more than its worker: the demand asks clearly, at once.
+    clear = policy.decide(snapshot("PDP", now=0.1, streams=15, switched={2: 0.0}))
+    assert clear.moves and "held" not in clear.reason
 
 
 def test_each_busy_role_keeps_a_worker(policy: CapacityPolicy) -> None:
@@ -169,3 +217,10 @@ def test_policy_modules_import_no_torch() -> None:
     code = ("import sys; import engine.capacity.policy, engine.capacity.routing, engine.capacity.alerts, "
             "engine.capacity.events; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_admitted_work_adds_up_and_cannot_go_negative() -> None:
+    work = AdmittedWork(100, 64, 2, 1) + AdmittedWork(50, 16, 1, 1)
+    assert work == AdmittedWork(150, 80, 3, 2) and work - AdmittedWork(150, 0, 0, 2) == AdmittedWork(0, 80, 3, 0)
+    with pytest.raises(ValueError, match="negative"):
+        AdmittedWork(10) - AdmittedWork(20)

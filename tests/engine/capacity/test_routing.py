@@ -69,6 +69,17 @@ def test_place_a_large_delta_on_the_least_loaded_prefill_worker() -> None:
     assert placement.reason.startswith("remote: 2048 uncached")
 
 
+def test_an_idle_deployment_prefills_even_a_large_delta_locally_unless_it_is_distserve() -> None:
+    idle_workers = [prefiller(0), decoder(1), decoder(2)]
+    placement = place(Turn(2048), idle_workers, SETTINGS, BLOCK)
+    assert (placement.decode_worker, placement.prefill_worker, placement.local) == (1, None, True)
+    assert placement.reason.startswith("local: nothing running; 2048 uncached")
+    for busy in ([prefiller(0, 1), decoder(1), decoder(2)], [prefiller(0, waiting=32), decoder(1, 1), decoder(2, 1)]):
+        assert place(Turn(2048), busy, SETTINGS, BLOCK).prefill_worker == 0
+    distserve = CapacitySettings(local_prefill_max_tokens=0, local_prefill_max_uncached_share=0)
+    assert place(Turn(2048), idle_workers, distserve, BLOCK).prefill_worker == 0
+
+
 def test_place_without_a_prefill_or_a_decode_worker() -> None:
     assert place(Turn(2048), [decoder(1), decoder(2)], SETTINGS, BLOCK).local
     only_prefill = place(Turn(2048, None, {5: 2048}), [prefiller(4), prefiller(5, 2)], SETTINGS, BLOCK)

@@ -1,0 +1,167 @@
+"""`agentserve bench --workload W --configs ablation`: seven configurations, each adding one step to the one it
+is measured against; what each switches in the gateway; the ablation rows and table built from stub runs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from agents_eval.agent_bench import AgentBenchSettings, assemble
+from agents_eval.agent_bench_ablation import ablation_steps
+from agents_eval.agent_bench_cli import settings_from_args
+from agents_eval.agent_bench_configs import CONFIGS, DEFAULT_CONFIGS, BenchConfig, config_names
+from agents_eval.agent_bench_metrics import COUNTERS, RequestRecord, Slo, slo_attainment
+from agents_eval.agent_bench_notes import notes
+from agents_eval.agent_bench_report import light_load_check, write
+from agents_eval.agent_bench_run import Point, PointResult, gateway_env
+from agents_eval.agent_bench_search import SearchOptions, SearchResult, search_slo_rate
+from agents_eval.agent_bench_settings import SearchSettings
+from agents_eval.agent_bench_workload import WorkloadOptions
+from agents_eval.workloads.types import Workload
+from gateway.cli import EXIT_BAD_INPUT, build_parser, main
+
+ABLATION = ("baseline", "caching", "sessions", "pruning", "disaggregated", "routing", "agent")
+SWITCHES = ("disaggregated", "prefix_caching", "sessions", "pruning", "routing", "controller")
+ADDED = {"caching": {"prefix_caching"}, "sessions": {"sessions"}, "pruning": {"pruning"},
+         "disaggregated": {"disaggregated"}, "routing": {"sessions", "pruning", "routing"}, "agent": {"controller"}}
+SLO = Slo(ttft_s=0.5, tpot_s=0.05)
+KNEES = dict(zip(ABLATION, (0.5, 0.7, 1.1, 1.3, 1.5, 2.9, 3.7), strict=True))
+
+
+def switches(config: BenchConfig) -> dict[str, bool]:
+    return {name: getattr(config, name) for name in SWITCHES}
+
+
+def test_ablation_is_seven_configs_each_adding_its_switches_to_the_previous_one() -> None:
+    assert config_names("ablation") == ABLATION and tuple(CONFIGS) == ABLATION
+    assert config_names("default") == DEFAULT_CONFIGS == ("baseline", "disaggregated", "agent")
+    assert config_names("baseline, agent,") == ("baseline", "agent")
+    for name, added in ADDED.items():
+        config = CONFIGS[name]
+        assert config.previous is not None and config.adds, name
+        now, before = switches(config), switches(CONFIGS[config.previous])
+        assert {key for key in SWITCHES if now[key] != before[key]} == added, name
+        assert all(now[key] for key in added), name  # steps only add
+    assert all(switches(CONFIGS["agent"]).values()) and not any(switches(CONFIGS["baseline"]).values())
+
+
+def test_each_configuration_sets_its_switches_in_the_gateway_environment() -> None:
+    env = {name: gateway_env(name, {"AGENTSERVE_DEPLOYMENT_DECODE": "3"}) for name in ABLATION}
+    for name, config in CONFIGS.items():
+        assert env[name]["AGENTSERVE_ENGINE_ENABLE_PREFIX_CACHING"] == str(config.prefix_caching).lower(), name
+        assert env[name]["AGENTSERVE_TRAJECTORY_PRUNE"] == env[name]["AGENTSERVE_TRAJECTORY_MASKS__ENABLED"] \
+            == str(config.pruning).lower(), name
+        assert env[name]["AGENTSERVE_DISAGGREGATED"] == str(config.disaggregated).lower(), name
+        assert env[name]["AGENTSERVE_DEPLOYMENT_DECODE"] == "3"  # the user's overrides reach every gateway
+        # equal cores: a colocated engine gets every worker's threads (1 prefill + 3 decode, 1 thread each)
+        assert env[name].get("AGENTSERVE_ENGINE_NUM_THREADS") == (None if config.disaggregated else "4"), name
+    assert env["disaggregated"]["AGENTSERVE_CAPACITY_LOCAL_PREFILL_MAX_TOKENS"] == "0"
+    assert env["disaggregated"]["AGENTSERVE_CAPACITY_OVERLAP_WEIGHT"] == "0"
+    assert "AGENTSERVE_CAPACITY_LOCAL_PREFILL_MAX_TOKENS" not in env["routing"]
+    assert env["routing"]["AGENTSERVE_CAPACITY_ENABLED"] == "false" and env["agent"]["AGENTSERVE_CAPACITY_ENABLED"] \
+        == "true"
+
+
+def test_configs_option_takes_the_named_set_and_rejects_unknown_names(capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser().parse_args(["bench", "--workload", "swe", "--configs", "ablation", "--out", "x"])
+    assert settings_from_args(args).configs == ABLATION
+    default = build_parser().parse_args(["bench", "--workload", "swe", "--out", "x"])
+    assert settings_from_args(default).configs == DEFAULT_CONFIGS
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--workload", "swe", "--configs", "baseline,turbo", "--out", "x"])
+    assert exit_info.value.code == EXIT_BAD_INPUT and "ablation" in capsys.readouterr().err
+
+
+def stub_point(config: str, rate: float, tag: str) -> Point:
+    """20 requests of 10 tokens, half of them late past the configuration's knee; pruning steps prune."""
+    late = rate >= KNEES[config]
+    ttft = [2.0 if late and i % 2 else 0.1 * (1 + ABLATION.index(config) % 3) for i in range(20)]
+    records = [RequestRecord(f"s{i}", 0, "act", i * 0.5, ttft[i], ttft[i] + 0.36, 100, 0, 10) for i in range(20)]
+    deltas = dict.fromkeys(COUNTERS, 0.0)
+    if CONFIGS[config].pruning:
+        deltas |= {"pruned_tokens": 30.0, "masked_tokens": 0.0 if config == "routing" else 400.0}
+    disaggregated = CONFIGS[config].disaggregated
+    split = {"prefill": 1, "decode": 1} if disaggregated else {"colocated": 1}
+    env = {"AGENTSERVE_ENGINE_NUM_THREADS": "2", "AGENTSERVE_DEPLOYMENT_THREADS_PER_WORKER": "1"}
+    result = PointResult(config, records, [], deltas, {"split": split, "events": [], "source": "stub",
+                                                       "enabled": None}, [], env, "stub")
+    return Point(config, tag, rate, result)
+
+
+def stub_search(config: str) -> tuple[list[Point], SearchResult[Point | None]]:
+    def measure(rate: float) -> tuple[float, Point | None]:
+        point = stub_point(config, rate, f"probe{rate:g}")
+        return slo_attainment(point.result.records, SLO), point
+
+    search = search_slo_rate(measure, 0.2, SearchOptions(max_probes=8))
+    best = search.low.figures if search.low is not None else None
+    points = [probe.figures for probe in search.probes if probe.figures is not None]
+    return [replace(point, headline=point is best) for point in points], search
+
+
+@pytest.fixture(scope="module")
+def ablation_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    settings = AgentBenchSettings(WorkloadOptions("swe"), configs=ABLATION, slo=SLO, search=SearchSettings())
+    points: list[Point] = []
+    searches = {}
+    for config in ABLATION:
+        config_points, searches[config] = stub_search(config)
+        points += config_points
+    report = assemble(settings, 0.2, Workload("swe", (), {}), points, searches,
+                      {"cpu_count": 2, "load_average": [0.0, 0.0, 0.0]})
+    out = tmp_path_factory.mktemp("ablation")
+    write(out, report, points, notes(settings, report))
+    return json.loads((out / "report.json").read_text()) | {"out": out}
+
+
+def test_each_step_is_measured_against_its_previous_one(ablation_report: dict[str, Any]) -> None:
+    configs, steps = ablation_report["configs"], ablation_report["ablation"]
+    assert [(s["config"], s["previous"]) for s in steps] == [(name, CONFIGS[name].previous) for name in ADDED]
+    for step in steps:
+        now, before = configs[step["config"]], configs[step["previous"]]
+        assert step["throughput_measured_as"] == "slo_rate_sessions_per_s"
+        assert step["throughput"] == now["slo_rate_sessions_per_s"] < KNEES[step["config"]]
+        assert step["change"]["throughput"] == pytest.approx(now["slo_rate_sessions_per_s"]
+                                                             - before["slo_rate_sessions_per_s"])
+        assert step["ratio"]["p99_ttft_s"] == pytest.approx(now["latency"]["ttft"]["p99"]
+                                                            / before["latency"]["ttft"]["p99"])
+        assert step["ratio"]["cost_per_1k_output_tokens"] == pytest.approx(
+            now["cost_per_1k_output_tokens"] / before["cost_per_1k_output_tokens"])
+        assert step["pruned_tokens"] == now["pruned_tokens"]
+
+
+def test_the_report_has_the_ablation_table_and_flags_idle_pruning(ablation_report: dict[str, Any]) -> None:
+    markdown = (ablation_report["out"] / "report.md").read_text()
+    assert "## Ablation: what each step buys" in markdown
+    assert "| + prefix caching | single-node baseline | prefix caching" in markdown
+    assert "| agent-optimized | + KV-aware routing, conditional disaggregation | the capacity controller |" in markdown
+    assert "routing: 0 tokens masked, with pruning and masks on" in markdown
+    assert "pruning: 0 tokens" not in markdown
+
+
+def test_the_default_three_have_no_ablation_rows(ablation_report: dict[str, Any]) -> None:
+    configs = ablation_report["configs"]
+    assert ablation_steps({name: configs[name] for name in DEFAULT_CONFIGS}) == []
+    assert [s["config"] for s in ablation_steps({name: configs[name] for name in ("caching", "disaggregated")})] \
+        == ["disaggregated"]
+
+
+def test_light_load_compares_agent_and_baseline_at_the_lowest_rate_both_ran() -> None:
+    sweep = {"agent": [{"offered_rate": 0.2, "p50_latency_s": 1.0, "p99_latency_s": 3.0},
+                       {"offered_rate": 0.4, "p50_latency_s": 9.0, "p99_latency_s": 9.0}],
+             "baseline": [{"offered_rate": 0.1, "p50_latency_s": 0.1, "p99_latency_s": 0.1},
+                          {"offered_rate": 0.2, "p50_latency_s": 1.0, "p99_latency_s": 2.0}]}
+    p50, p99 = light_load_check(sweep)
+    assert (p50["rate"], p50["measured"], p50["met"]) == (0.2, 1.0, True)
+    assert (p99["measured"], p99["met"], p99["shortfall"]) == (1.5, False, pytest.approx(1.5 / 1.1))
+    assert light_load_check({"agent": sweep["agent"]}) == []
+
+
+def test_the_goal_section_has_the_light_load_check(ablation_report: dict[str, Any]) -> None:
+    [p50, p99] = ablation_report["light_load"]
+    assert p50["rate"] == p99["rate"] == 0.2 and p50["target"] == 1.1
+    markdown = (ablation_report["out"] / "report.md").read_text()
+    assert "- agent p99 latency at 0.2 sessions/s is " in markdown
