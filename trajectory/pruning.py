@@ -84,4 +84,7 @@ def prune(text: str, role: str, tool: str | None, config: PruningConfig,
     if not rules.enabled or parses_as_json(text):
         return PruneResult(text, tokens_before, tokens_before, dict.fromkeys(RULE_NAMES, 0))
     pruned, removed = prune_lines(text, rules)
-    return PruneResult(pruned, tokens_before, count_tokens(pruned), removed)
+    tokens_after = count_tokens(pruned)
+    if tokens_after > tokens_before:  # a marker can cost more tokens than the lines it replaced: keep the text
+        return PruneResult(text, tokens_before, tokens_before, dict.fromkeys(RULE_NAMES, 0))
+    return PruneResult(pruned, tokens_before, tokens_after, removed)

@@ -51,8 +51,16 @@ def test_stop_word_runs_collapse_to_one() -> None:
 
 
 def test_consecutive_duplicate_lines_become_a_marker() -> None:
-    text = "start\nretrying\nretrying\nretrying\nok\nretrying"
-    assert pruned(text, tool="shell") == "start\nretrying\n[... 2 repeated lines removed]\nok\nretrying"
+    line = "retrying the connection to the store in five seconds"
+    text = f"start\n{line}\n{line}\n{line}\nok\n{line}"
+    assert pruned(text, tool="shell") == f"start\n{line}\n[... 2 repeated lines removed]\nok\n{line}"
+
+
+def test_text_stays_whole_when_pruning_would_cost_tokens() -> None:
+    text = "start\nretrying\nretrying\nretrying\nok"  # the marker has more words than the two lines it replaces
+    result = prune(text, "tool", "shell", CONFIG, words)
+    assert result.text == text and result.tokens_before == result.tokens_after == 5
+    assert not any(result.removed.values())
 
 
 def test_all_duplicate_lines_dropped_and_one_repeat_gets_no_marker() -> None:
@@ -67,7 +75,8 @@ def test_duplicate_lines_without_marker_and_short_lines_kept() -> None:
 
 
 def test_removed_reports_each_rule() -> None:
-    result = prune("a  b\n\n\n!!!!!!\nthe the\nx\nx\nx", "tool", None, CONFIG, words)
+    x = "x" * 40  # long enough that the duplicate-line marker is shorter than the lines it replaces
+    result = prune(f"a  b\n\n\n!!!!!!\nthe the\n{x}\n{x}\n{x}", "tool", None, CONFIG, len)
     assert result.removed == {"whitespace": 1, "punctuation": 3, "stop_words": 4, "blank_lines": 1,
                               "duplicate_lines": 2}
 
