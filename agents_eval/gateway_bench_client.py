@@ -210,6 +210,8 @@ class ClientProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(timeout=10)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
 
     def __enter__(self) -> ClientProcess:
         return self

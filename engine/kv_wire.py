@@ -287,11 +287,15 @@ def _unpack_fields(view: memoryview) -> FrameHeader:
         raise BadHeader(f"checksum kind {checksum_code} is unknown or not available here")
     if not 1 <= ndim <= MAX_NDIM:
         raise BadHeader(f"ndim {ndim} outside 1..{MAX_NDIM}")
+    if start > end:
+        raise BadHeader(f"token range [{start}, {end}) ends before it starts")
     return FrameHeader(CODE_DTYPES[dtype_code], _CHECKSUM_CODES[checksum_code], layer, start, end, block_hash,
                        tuple(dims[:ndim]), nbytes, payload_checksum, version)
 
 
 def check_shape(header: FrameHeader, expected: ExpectedShape | None = None) -> None:
+    if 0 in header.shape:
+        raise BadShape(f"shape {header.shape} holds no elements")
     if payload_nbytes(header.shape, header.dtype) != header.payload_nbytes:
         raise BadShape(f"payload of {header.payload_nbytes} bytes is not shape {header.shape} of {header.dtype}")
     problem = None if expected is None else expected.mismatch(header)

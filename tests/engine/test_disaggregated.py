@@ -108,6 +108,13 @@ def test_role_switch_mid_stream_loses_and_duplicates_nothing() -> None:
         engine.shutdown()
 
 
+def kill_worker(engine: DisaggregatedEngine, worker_id: int) -> None:
+    """SIGKILL one worker process by its own pid, never a process group (`os.kill(0, ...)` would be ours)."""
+    pid = engine.workers[worker_id].process.pid
+    assert pid is not None and pid > 0 and pid != os.getpid(), f"worker {worker_id} has no process to kill"
+    os.kill(pid, signal.SIGKILL)
+
+
 def test_killed_worker_is_detected_and_its_requests_rerun() -> None:
     engine = start("shm")
     try:
@@ -120,7 +127,7 @@ def test_killed_worker_is_detected_and_its_requests_rerun() -> None:
             for out in engine.step():
                 results[out.request_id].add(out)
                 if not killed and len(results[out.request_id].token_ids) >= 3:
-                    os.kill(engine.workers[1].process.pid or 0, signal.SIGKILL)
+                    kill_worker(engine, 1)
                     killed = True
         assert killed and engine.dead_workers == [1]
         assert [results[i].token_ids for i in ids] == colocated(SAMPLED)

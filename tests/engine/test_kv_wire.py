@@ -6,6 +6,7 @@ from __future__ import annotations
 import struct
 import zlib
 
+import numpy
 import pytest
 import torch
 
@@ -112,8 +113,12 @@ def test_encode_into_copies_a_strided_slice_once(dtype: torch.dtype) -> None:
 
 
 def test_decode_of_read_only_bytes_copies_into_an_owned_tensor() -> None:
-    got = decode(encode(make_block()).tobytes())
-    got.tensor.add_(1)  # writable, no warning
+    frame = encode(make_block()).tobytes()
+    got = decode(frame)
+    # torch warns about a read-only buffer only once a process, so check the aliasing itself as well
+    frame_start = numpy.frombuffer(frame, dtype=numpy.uint8).ctypes.data
+    assert not frame_start <= got.tensor.data_ptr() < frame_start + len(frame)
+    got.tensor.add_(1)  # writable, no warning (warnings fail tests: see filterwarnings in pyproject.toml)
 
 
 @pytest.mark.parametrize(("offset", "fmt", "value", "error"), [
@@ -122,6 +127,7 @@ def test_decode_of_read_only_bytes_copies_into_an_owned_tensor() -> None:
     (6, "!B", 99, BadHeader),  # unknown dtype code
     (7, "!B", 9, BadHeader),  # unknown checksum kind
     (20, "!B", 5, BadHeader),  # ndim past 4
+    (12, "!I", 49, BadHeader),  # token start past token end (48)
     (36, "!I", 17, BadShape),  # shape no longer matches the payload length
     (48, "!Q", 999, BadShape),  # payload length no longer matches the shape
 ])

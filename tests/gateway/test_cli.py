@@ -82,8 +82,8 @@ def test_sigterm_runs_finally_blocks(tmp_path: Path) -> None:
     script = ("import time\nfrom gateway.cli import exit_on_sigterm\nexit_on_sigterm()\n"
               "try:\n    print('ready', flush=True)\n    time.sleep(60)\n"
               f"finally:\n    open({str(marker)!r}, 'w').close()\n")
-    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    assert process.stdout is not None and process.stdout.readline().strip() == "ready"
-    process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=20) == 128 + signal.SIGTERM
+    with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as process:
+        assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 128 + signal.SIGTERM
     assert marker.exists()

@@ -7,6 +7,7 @@ import itertools
 import json
 import signal
 import subprocess
+import time
 
 import httpx
 import openai
@@ -32,6 +33,17 @@ def metric(url: str, name: str, **labels: str) -> float:
     raise AssertionError(f"no sample {name} {labels}")
 
 
+def metric_reaching(url: str, name: str, at_least: float, timeout_s: float = 10.0) -> float:
+    """The metric once it is at least `at_least` (workers report their counters with their load, not at once),
+    or its value when `timeout_s` ran out."""
+    deadline = time.monotonic() + timeout_s
+    value = metric(url, name)
+    while value < at_least and time.monotonic() < deadline:
+        time.sleep(0.1)
+        value = metric(url, name)
+    return value
+
+
 def test_chat_and_streaming_through_the_openai_sdk(disaggregated: tuple[subprocess.Popen[bytes], str]) -> None:
     _, url = disaggregated
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
@@ -44,8 +56,10 @@ def test_chat_and_streaming_through_the_openai_sdk(disaggregated: tuple[subproce
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == whole.choices[0].message.content
     # The workers' prefix-cache counters reach /metrics once they report idle: both lookups, the second a hit.
-    assert metric(url, "prefix_cache_queries_total") >= 2 * whole.usage.prompt_tokens
-    assert metric(url, "prefix_cache_hits_total") >= whole.usage.prompt_tokens - 16
+    assert metric_reaching(url, "prefix_cache_queries_total", 2 * whole.usage.prompt_tokens) >= \
+        2 * whole.usage.prompt_tokens
+    assert metric_reaching(url, "prefix_cache_hits_total", whole.usage.prompt_tokens - 16) >= \
+        whole.usage.prompt_tokens - 16
     assert metric(url, "num_workers", role="prefill") == 1
     assert metric(url, "num_workers", role="decode") == 1
 
