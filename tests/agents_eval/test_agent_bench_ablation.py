@@ -4,7 +4,6 @@ is measured against; what each switches in the gateway; the ablation rows and ta
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -13,15 +12,16 @@ from agents_eval.agent_bench import AgentBenchSettings, assemble
 from agents_eval.agent_bench_ablation import ablation_steps
 from agents_eval.agent_bench_cli import settings_from_args
 from agents_eval.agent_bench_configs import CONFIGS, DEFAULT_CONFIGS, BenchConfig, config_names
-from agents_eval.agent_bench_metrics import COUNTERS, RequestRecord, Slo, slo_attainment
+from agents_eval.agent_bench_metrics import COUNTERS, RequestRecord, Slo
 from agents_eval.agent_bench_notes import notes
 from agents_eval.agent_bench_report import light_load_check, write
 from agents_eval.agent_bench_run import Point, PointResult, gateway_env
-from agents_eval.agent_bench_search import SearchOptions, SearchResult, search_slo_rate
+from agents_eval.agent_bench_search import SearchResult
 from agents_eval.agent_bench_settings import SearchSettings
 from agents_eval.agent_bench_workload import WorkloadOptions
 from agents_eval.workloads.types import Workload
 from gateway.cli import EXIT_BAD_INPUT, build_parser, main
+from tests.agents_eval.test_agent_bench_slo import stub_search as slo_stub_search
 
 ABLATION = ("baseline", "caching", "sessions", "pruning", "disaggregated", "routing", "agent")
 SWITCHES = ("disaggregated", "prefix_caching", "sessions", "pruning", "routing", "controller")
@@ -92,14 +92,7 @@ def stub_point(config: str, rate: float, tag: str) -> Point:
 
 
 def stub_search(config: str) -> tuple[list[Point], SearchResult[Point | None]]:
-    def measure(rate: float) -> tuple[float, Point | None]:
-        point = stub_point(config, rate, f"probe{rate:g}")
-        return slo_attainment(point.result.records, SLO), point
-
-    search = search_slo_rate(measure, 0.2, SearchOptions(max_probes=8))
-    best = search.low.figures if search.low is not None else None
-    points = [probe.figures for probe in search.probes if probe.figures is not None]
-    return [replace(point, headline=point is best) for point in points], search
+    return slo_stub_search(config, stub_point)
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -161,9 +162,11 @@ def stub_point(config: str, rate: float, tag: str) -> Point:
     return Point(config, tag, rate, result)
 
 
-def stub_search(config: str) -> tuple[list[Point], SearchResult[Point | None]]:
+def stub_search(config: str, point_at: Callable[[str, float, str], Point] | None = None,
+                ) -> tuple[list[Point], SearchResult[Point | None]]:
+    """The SLO-rate search over stub points (`point_at(config, rate, tag)`, this file's `stub_point` by default)."""
     def measure(rate: float) -> tuple[float, Point | None]:
-        point = stub_point(config, rate, f"probe{rate:g}")
+        point = (point_at or stub_point)(config, rate, f"probe{rate:g}")
         return slo_attainment(point.result.records, SLO), point
 
     search = search_slo_rate(measure, 0.2, SearchOptions(max_probes=8))
