@@ -8,20 +8,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from websockets.frames import Frame
-
 from trajectory.template_types import Message
 
 log = logging.getLogger("agentserve.content")
 FRAME_LOGGERS = ("uvicorn.error", "websockets.server")
+FRAME_FORMATS = ("< %s", "> %s")  # how websockets logs a frame, in its sans-I/O and its legacy protocol alike
 
 
 class DropFrames(logging.Filter):
-    """Drops log records that format a WebSocket frame (its payload is the client's text)."""
+    """Drops log records that format a WebSocket frame (its payload is the client's text). Matched by format,
+    not by the frame's class: the two protocols uvicorn may pick log two different Frame classes."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args if isinstance(record.args, tuple) else ()
-        return not any(isinstance(arg, Frame) for arg in args)
+        return record.msg not in FRAME_FORMATS
 
 
 def configure(log_content: bool) -> None:
