@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from trajectory.template_types import Message
 
@@ -15,24 +16,22 @@ FRAME_LOGGERS = ("uvicorn.error", "websockets.server")
 FRAME_FORMATS = ("< %s", "> %s")  # how websockets logs a frame, in its sans-I/O and its legacy protocol alike
 
 
-class DropFrames(logging.Filter):
-    """Drops log records that format a WebSocket frame (its payload is the client's text). Matched by format,
-    not by the frame's class: the two protocols uvicorn may pick log two different Frame classes."""
+_plain_factory = logging.getLogRecordFactory()
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.msg not in FRAME_FORMATS
+
+def _withholding_factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+    """Records as usual, except a WebSocket frame's (its payload is the client's text): its argument is
+    replaced. A record factory, not a logger filter, so no logger configuration can lose it; matched by
+    format, since the two protocols uvicorn may pick log two different Frame classes."""
+    record = _plain_factory(*args, **kwargs)
+    if record.msg in FRAME_FORMATS and record.name in FRAME_LOGGERS:
+        record.args = ("[frame withheld: log_content is off]",)
+    return record
 
 
 def configure(log_content: bool) -> None:
-    """Keep frames out of the logs unless `log_content`; the loggers are the process's, shared by its apps."""
-    for name in FRAME_LOGGERS:
-        logger = logging.getLogger(name)
-        present = [f for f in logger.filters if isinstance(f, DropFrames)]
-        if log_content:
-            for found in present:
-                logger.removeFilter(found)
-        elif not present:
-            logger.addFilter(DropFrames())
+    """Keep frames out of the logs unless `log_content` (the process's setting, shared by its apps)."""
+    logging.setLogRecordFactory(_plain_factory if log_content else _withholding_factory)
 
 
 def log_turn(enabled: bool, endpoint: str, session: str | None, new_input: Sequence[Message] | str,
