@@ -113,12 +113,12 @@ def _run_serve(args: argparse.Namespace) -> None:
 
 
 BENCHMARKS = {
-    "engine": ("agents_eval.engine_bench", "our engine against transformers' generate"),
-    "trajectory": ("agents_eval.trajectory_bench", "turn-delta reuse, trace replay, pruning, KV, phase shifts"),
-    "disagg": ("agents_eval.disagg_bench", "prefill/decode interference, KV hiding, role switches"),
+    "engine": ("agents_eval.bench.engine.bench", "our engine against transformers' generate"),
+    "trajectory": ("agents_eval.bench.trajectory.bench", "turn-delta reuse, trace replay, pruning, KV, phase shifts"),
+    "disagg": ("agents_eval.bench.disagg.bench", "prefill/decode interference, KV hiding, role switches"),
     "kv-transfer": ("agents_eval.kv_transfer_bench", "KV transfer speed per transport against baselines"),
-    "gateway": ("agents_eval.gateway_bench", "gateway overhead over its engine; Responses WebSocket vs chat turns"),
-    "capacity": ("agents_eval.capacity_bench", "capacity controller: reallocation latency, p99 against fixed splits"),
+    "gateway": ("agents_eval.bench.gateway.bench", "gateway overhead over its engine; Responses WebSocket vs chat"),
+    "capacity": ("agents_eval.bench.capacity.bench", "capacity controller: reallocation latency, p99 vs fixed splits"),
     "quality": ("agents_eval.bench.quality", "answer retention of pruning and history masks on a real model"),
     "peer": ("agents_eval.bench.peer", "llama.cpp against agentserve on the same GGUF file, same threads"),
     "batcher": ("agents_eval.bench.batcher", "SLO-deadline batching with session fairness against FCFS"),
@@ -139,7 +139,7 @@ def _run_new_key(_: argparse.Namespace) -> None:
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks (agents_eval); each writes report.json, report.md, a plot")
-    agent_bench = importlib.import_module("agents_eval.agent_bench")  # `bench --workload W`: no kind
+    agent_bench = importlib.import_module("agents_eval.bench.agent.bench")  # `bench --workload W`: no kind
     agent_bench.add_arguments(p)
     p.set_defaults(run=agent_bench.run)
     kinds = p.add_subparsers(dest="kind")

@@ -1,4 +1,4 @@
-"""Trace replay of Mooncake's format (/work/shared/traces/README.md) as multi-turn chat sessions.
+"""Trace replay of Mooncake's format (agents_eval/traces/README.md) as multi-turn chat sessions.
 
 Each request arrives at its `timestamp` (ms) x time_scale. Lengths are `input_length` / `output_length` x
 length_scale. Every `hash_ids` entry names a 512-token block, replayed as (512 x length_scale) single-token
@@ -22,15 +22,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from agents_eval.trajectory_bench_trace import block_length
+from agents_eval.bench.trajectory.trace import block_length
 from agents_eval.workloads.context import ContextFit
 from agents_eval.workloads.synthetic import token_text
 from agents_eval.workloads.text import TokenText, cut_words
 from agents_eval.workloads.types import ACT, APPEND, THINK, SessionScript, Turn, Workload
 from engine.tokenizer import Tokenizer
-from predictor.traces import TraceRequest, load_trace, sessions_and_reuse
+from predictor.traces import DEFAULT_TRACE, TraceRequest, load_trace, sessions_and_reuse
 
-DEFAULT_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 THINK_INPUT_PER_OUTPUT = 4  # a turn is "think" when its new tokens are at least this many times its output
 
 

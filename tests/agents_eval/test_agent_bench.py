@@ -14,15 +14,15 @@ from typing import Any
 
 import pytest
 
-from agents_eval import agent_bench_metrics as metrics
-from agents_eval.agent_bench import AgentBenchSettings, BenchResult, run_benchmark
-from agents_eval.agent_bench_client import Reply, SessionClient
-from agents_eval.agent_bench_configs import CONFIGS
-from agents_eval.agent_bench_driver import RunLimits, SessionLike, drive
-from agents_eval.agent_bench_metrics import RequestRecord, Slo
-from agents_eval.agent_bench_report import config_ratios, goal_check
-from agents_eval.agent_bench_run import RunOptions
-from agents_eval.agent_bench_workload import WorkloadOptions, build_workload
+from agents_eval.bench.agent import metrics as metrics
+from agents_eval.bench.agent.bench import AgentBenchSettings, BenchResult, run_benchmark
+from agents_eval.bench.agent.client import Reply, SessionClient
+from agents_eval.bench.agent.configs import CONFIGS
+from agents_eval.bench.agent.driver import RunLimits, SessionLike, drive
+from agents_eval.bench.agent.metrics import RequestRecord, Slo
+from agents_eval.bench.agent.report import config_ratios, goal_check
+from agents_eval.bench.agent.run import RunOptions
+from agents_eval.bench.agent.workload import WorkloadOptions, build_workload
 from agents_eval.workloads.types import APPEND, LAST_ACTION, SessionScript, Turn, Workload
 from gateway.cli import EXIT_BAD_INPUT, main
 

@@ -8,17 +8,17 @@ from typing import Any
 
 import pytest
 
-from agents_eval.agent_bench import AgentBenchSettings, assemble
-from agents_eval.agent_bench_ablation import ablation_steps
-from agents_eval.agent_bench_cli import settings_from_args
-from agents_eval.agent_bench_configs import CONFIGS, DEFAULT_CONFIGS, BenchConfig, config_names
-from agents_eval.agent_bench_metrics import COUNTERS, RequestRecord, Slo
-from agents_eval.agent_bench_notes import notes
-from agents_eval.agent_bench_report import light_load_check, write
-from agents_eval.agent_bench_run import Point, PointResult, gateway_env
-from agents_eval.agent_bench_search import SearchResult
-from agents_eval.agent_bench_settings import SearchSettings
-from agents_eval.agent_bench_workload import WorkloadOptions
+from agents_eval.bench.agent.ablation import ablation_steps
+from agents_eval.bench.agent.bench import AgentBenchSettings, assemble
+from agents_eval.bench.agent.cli import settings_from_args
+from agents_eval.bench.agent.configs import CONFIGS, DEFAULT_CONFIGS, BenchConfig, config_names
+from agents_eval.bench.agent.metrics import COUNTERS, RequestRecord, Slo
+from agents_eval.bench.agent.notes import notes
+from agents_eval.bench.agent.report import light_load_check, write
+from agents_eval.bench.agent.run import Point, PointResult, gateway_env
+from agents_eval.bench.agent.search import SearchResult
+from agents_eval.bench.agent.settings import SearchSettings
+from agents_eval.bench.agent.workload import WorkloadOptions
 from agents_eval.workloads.types import Workload
 from gateway.cli import EXIT_BAD_INPUT, build_parser, main
 from tests.agents_eval.test_agent_bench_slo import stub_search as slo_stub_search

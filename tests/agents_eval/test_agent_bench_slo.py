@@ -14,16 +14,16 @@ from typing import Any
 import pytest
 import yaml
 
-from agents_eval.agent_bench import AgentBenchSettings, assemble
-from agents_eval.agent_bench_cost import CostSettings, Resources, cost_figures, engine_resources
-from agents_eval.agent_bench_driver import RunLimits
-from agents_eval.agent_bench_metrics import COUNTERS, RequestRecord, Slo, slo_attainment
-from agents_eval.agent_bench_report import config_ratios, goal_check, write
-from agents_eval.agent_bench_run import Point, PointResult
-from agents_eval.agent_bench_search import SearchOptions, SearchResult, search_slo_rate
-from agents_eval.agent_bench_settings import SearchSettings
-from agents_eval.agent_bench_slo import probe_limits
-from agents_eval.agent_bench_workload import WorkloadOptions
+from agents_eval.bench.agent.bench import AgentBenchSettings, assemble
+from agents_eval.bench.agent.cost import CostSettings, Resources, cost_figures, engine_resources
+from agents_eval.bench.agent.driver import RunLimits
+from agents_eval.bench.agent.metrics import COUNTERS, RequestRecord, Slo, slo_attainment
+from agents_eval.bench.agent.report import config_ratios, goal_check, write
+from agents_eval.bench.agent.run import Point, PointResult
+from agents_eval.bench.agent.search import SearchOptions, SearchResult, search_slo_rate
+from agents_eval.bench.agent.settings import SearchSettings
+from agents_eval.bench.agent.slo import probe_limits
+from agents_eval.bench.agent.workload import WorkloadOptions
 from agents_eval.workloads.types import APPEND, SessionScript, Turn, Workload
 from engine.config import CONFIGS_DIR
 from gateway.cli import main

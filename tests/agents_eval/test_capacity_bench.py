@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from agents_eval.capacity_bench import _rank, goal, moves_per_window, p99, reallocations
-from agents_eval.capacity_bench_swing import RunResult, SwingWorkload, _Live, _record
+from agents_eval.bench.capacity.bench import _rank, goal, moves_per_window, p99, reallocations
+from agents_eval.bench.capacity.swing import RunResult, SwingWorkload, _Live, _record
 from engine.capacity.signals import AdmittedWork
 from engine.output import RequestOutput
 from gateway.admission import AdmissionController

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from agents_eval.disagg_bench import ROLE_SWAPS, Workload, prefills_due, run_benchmark
+from agents_eval.bench.disagg.bench import ROLE_SWAPS, Workload, prefills_due, run_benchmark
 from agents_eval.report import JSON_NAME, MARKDOWN_NAME
 from engine.config import EngineSettings
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agents_eval.engine_bench import BenchResult, BenchSettings, run_benchmark
-from agents_eval.engine_bench_report import BATCHED_KEY, ENGINE_KEY, SEQUENTIAL_KEY
+from agents_eval.bench.engine.bench import BenchResult, BenchSettings, run_benchmark
+from agents_eval.bench.engine.report import BATCHED_KEY, ENGINE_KEY, SEQUENTIAL_KEY
 from engine.config import EngineSettings
 from gateway.cli import EXIT_BAD_INPUT, main
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agents_eval.gateway_bench import BenchResult, GatewayBenchSettings, run_benchmark
-from agents_eval.gateway_bench_client import CHAT, WS
+from agents_eval.bench.gateway.bench import BenchResult, GatewayBenchSettings, run_benchmark
+from agents_eval.bench.gateway.client import CHAT, WS
 from engine.config import EngineSettings
 from gateway.cli import EXIT_BAD_INPUT, main
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agents_eval.trajectory_bench import BenchResult, TrajectoryBenchSettings, run_benchmark
-from agents_eval.trajectory_bench_observations import KINDS
+from agents_eval.bench.trajectory.bench import BenchResult, TrajectoryBenchSettings, run_benchmark
+from agents_eval.bench.trajectory.observations import KINDS
 from engine.config import EngineSettings
 from gateway.cli import EXIT_BAD_INPUT, main
 from predictor.traces import TraceRequest, sessions_and_reuse

@@ -42,7 +42,6 @@ def test_beats_both_baselines_on_every_training_file(quantity: str) -> None:
         assert errors["predictor"] < min(errors["last_value"], errors["ema"]), (name, quantity, errors)
 
 
-@pytest.mark.skipif(not DEFAULT_TRACE.is_file(), reason="the Mooncake trace is not on this machine")
 def test_its_heldout_errors_are_reproduced_from_the_shipped_files() -> None:
     model, metadata = load_model(DEFAULT_MODEL)
     traces, heldout = heldout_sessions(metadata)

@@ -16,7 +16,7 @@ import httpx
 from rich.console import Console
 from rich.progress import Progress, TaskID
 
-from agents_eval.agent_bench_gateway import GatewayProcess, model_name, scrape
+from agents_eval.bench.agent.gateway import GatewayProcess, model_name, scrape
 from agents_eval.bench.peer import measure
 from agents_eval.bench.peer import report as peer_report
 from agents_eval.bench.peer.chart import CHART_NAME, save_chart

@@ -18,8 +18,8 @@ from typing import Any
 
 import httpx
 
-from agents_eval.agent_bench_client import HttpPool
-from agents_eval.agent_bench_metrics import percentile
+from agents_eval.bench.agent.client import HttpPool
+from agents_eval.bench.agent.metrics import percentile
 from agents_eval.bench.peer import workload
 from agents_eval.bench.peer.client import chat, request_body, session_headers, stream_chat
 from agents_eval.bench.peer.settings import PeerSettings

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from agents_eval.agent_bench_gateway import GatewayProcess, free_port, running_gateway, running_process
+from agents_eval.bench.agent.gateway import GatewayProcess, free_port, running_gateway, running_process
 from agents_eval.bench.peer.settings import KV_CACHE_BYTES, LLAMA_CPP, PeerSettings, agentserve_env
 from engine.config import CONFIGS_DIR
 from engine.gguf.package import PackagedGGUF

@@ -1,0 +1,1 @@
+"""`agentserve bench --workload W`: agent sessions through real gateways; SLO-rate search, ablation, seed table."""

@@ -1,0 +1,175 @@
+"""Runs a workload's agent sessions against a gateway, open loop, and records every request sent.
+
+Sessions arrive at their `start_s` and run as concurrent asyncio tasks. Within a session each turn waits for
+the previous reply, then for its tool gap (`tool_gap_s`), or, in a trace replay, until its `at_s` when that
+is later. No turn is sent after `duration_s` or past `max_requests`; requests already sent then get
+`drain_timeout_s` to finish, and one still running at that deadline is recorded as an error. A failed request
+ends its session (its next turn would need the reply). Every wait is bounded.
+
+The driver reads workloads structurally (`WorkloadLike`: `agents_eval.workloads.types.Workload` fits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+from agents_eval.bench.agent.client import SessionClient, TurnInput
+from agents_eval.bench.agent.metrics import RequestRecord
+
+
+class TurnLike(TurnInput, Protocol):
+    @property
+    def at_s(self) -> float | None: ...
+    @property
+    def tool_gap_s(self) -> float: ...
+    @property
+    def phase(self) -> str: ...
+
+
+class SessionLike(Protocol):
+    @property
+    def session_id(self) -> str: ...
+    @property
+    def start_s(self) -> float: ...
+    @property
+    def system(self) -> str: ...
+    @property
+    def turns(self) -> Sequence[TurnLike]: ...
+
+
+class WorkloadLike(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def sessions(self) -> Sequence[SessionLike]: ...
+
+
+OpenSession = Callable[[SessionLike], AbstractAsyncContextManager[SessionClient]]
+OnRecord = Callable[[RequestRecord], None]
+
+
+@dataclass(frozen=True)
+class RunLimits:
+    duration_s: float
+    max_requests: int | None = None
+    request_timeout_s: float = 120.0
+    drain_timeout_s: float = 60.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self.start
+
+    async def sleep_until(self, at_s: float) -> None:
+        await asyncio.sleep(max(0.0, at_s - self.now()))
+
+
+class Budget:
+    """Whether one more request may be sent: before the duration's end and within `max_requests`."""
+
+    def __init__(self, limits: RunLimits, clock: Clock) -> None:
+        self.limits, self.clock, self.sent = limits, clock, 0
+
+    def take(self) -> bool:
+        over = self.limits.max_requests is not None and self.sent >= self.limits.max_requests
+        if over or self.clock.now() >= self.limits.duration_s:
+            return False
+        self.sent += 1
+        return True
+
+
+def planned_requests(workload: WorkloadLike, limits: RunLimits) -> int:
+    """The requests the run would send if every session kept up: the progress bar's total."""
+    turns = sum(len(s.turns) for s in workload.sessions if s.start_s < limits.duration_s)
+    return turns if limits.max_requests is None else min(turns, limits.max_requests)
+
+
+@dataclass
+class SessionRun:
+    script: SessionLike
+    clock: Clock
+    budget: Budget
+    limits: RunLimits
+    on_record: OnRecord
+    session_errors: list[str]
+
+    async def run(self, open_session: OpenSession) -> None:
+        if not self.script.turns or self.script.start_s >= self.limits.duration_s:
+            return
+        await self.clock.sleep_until(self.script.start_s)
+        try:
+            async with open_session(self.script) as client:
+                await self._turns(client)
+        except Exception as error:  # opening or closing the session's connection failed
+            self.session_errors.append(f"{self.script.session_id}: {_describe(error)}")
+
+    async def _turns(self, client: SessionClient) -> None:
+        for index, turn in enumerate(self.script.turns):
+            due = self.clock.now() + turn.tool_gap_s if turn.at_s is None else max(turn.at_s, self.clock.now())
+            if due >= self.limits.duration_s:  # never sleep past the end
+                return
+            await self.clock.sleep_until(due)
+            if not self.budget.take() or not await self._send(client, index):
+                return
+
+    async def _send(self, client: SessionClient, index: int) -> bool:
+        sent = self.clock.now()
+        try:
+            async with asyncio.timeout(self.limits.request_timeout_s):
+                reply = await client.send(self.script.turns[index])
+        except asyncio.CancelledError:
+            self._record(index, sent, error="still running at the drain deadline")
+            raise
+        except Exception as error:  # counted as this request's error; the session ends
+            self._record(index, sent, error=_describe(error))
+            return False
+        self.on_record(RequestRecord(self.script.session_id, index, self.script.turns[index].phase, sent,
+                                     reply.ttft_s, reply.e2e_s, reply.prompt_tokens, reply.cached_tokens,
+                                     reply.output_tokens))
+        return True
+
+    def _record(self, index: int, sent: float, error: str) -> None:
+        phase = self.script.turns[index].phase
+        self.on_record(RequestRecord(self.script.session_id, index, phase, sent, e2e_s=self.clock.now() - sent,
+                                     error=error))
+
+
+def _describe(error: BaseException) -> str:
+    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    return text[:500]
+
+
+@dataclass
+class DriveResult:
+    records: list[RequestRecord]  # in the order the requests finished
+    session_errors: list[str]  # failures outside any request: a WebSocket that would not open
+
+
+async def drive(workload: WorkloadLike, open_session: OpenSession, limits: RunLimits,
+                on_record: OnRecord) -> DriveResult:
+    """Every session of the workload, concurrently."""
+    records: list[RequestRecord] = []
+    session_errors: list[str] = []
+
+    def record(item: RequestRecord) -> None:
+        records.append(item)
+        on_record(item)
+
+    clock = Clock()
+    budget = Budget(limits, clock)
+    runs = [SessionRun(s, clock, budget, limits, record, session_errors) for s in workload.sessions]
+    tasks = [asyncio.create_task(run.run(open_session)) for run in runs]
+    if tasks:
+        _, pending = await asyncio.wait(tasks, timeout=limits.duration_s + limits.drain_timeout_s)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    return DriveResult(records, session_errors)

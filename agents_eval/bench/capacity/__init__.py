@@ -1,0 +1,1 @@
+"""`agentserve bench capacity`: the capacity controller's reallocation latency and p99 against fixed splits."""

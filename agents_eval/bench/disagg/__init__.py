@@ -1,0 +1,1 @@
+"""`agentserve bench disagg`: prefill/decode interference, KV hiding, role switches."""

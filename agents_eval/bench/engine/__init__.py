@@ -1,0 +1,1 @@
+"""`agentserve bench engine`: our engine against transformers' generate."""

@@ -1,0 +1,1 @@
+"""`agentserve bench gateway`: gateway overhead over its engine; Responses WebSocket against chat turns."""

@@ -1,0 +1,224 @@
+"""The load client of `agentserve bench gateway`, in its own process so that its work never competes with
+the gateway for the GIL: `python -m agents_eval.bench.gateway.client URL`, one JSON command per stdin
+line, one JSON answer per stdout line. It keeps one event loop (uvloop) and its connections across commands.
+
+Commands (`op`): `chat` (httpx; posts bodies in a closed loop at a concurrency, each tagged `x-bench-id`),
+`floor` (`GET /health` one at a time), `session` (one agent session over the Responses WebSocket with the
+openai SDK, or over chat completions with httpx), `stop`. `ClientProcess` is the parent's handle on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import select
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+
+WS, CHAT = "responses_ws", "chat_http"
+TERMINAL = ("response.completed", "response.incomplete", "response.failed", "error")
+Result = dict[str, Any]
+
+
+async def closed_loop(count: int, concurrency: int, one: Callable[[int], Awaitable[Any]]) -> list[Any]:
+    """`concurrency` workers, each starting its next item as soon as its last one is done; results in item order."""
+    results: list[Any] = [None] * count
+    indices = iter(range(count))
+
+    async def worker() -> None:
+        for index in indices:
+            results[index] = await one(index)
+
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, count))))
+    return results
+
+
+class Client:
+    """One httpx client per concurrent request, each with its own keep-alive connection: one client's shared
+    pool serializes a burst (64 requests at once reached the gateway spread over more than a second)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.pool: list[httpx.AsyncClient] = []
+
+    def clients(self, count: int) -> list[httpx.AsyncClient]:
+        while len(self.pool) < count:
+            self.pool.append(httpx.AsyncClient(base_url=self.url, timeout=120.0))
+        return self.pool[:count]
+
+    async def chat(self, requests: list[Result], concurrency: int) -> Result:
+        idle = self.clients(min(concurrency, len(requests)))
+
+        async def one(index: int) -> Result:
+            request, http = requests[index], idle.pop()
+            headers = {"content-type": "application/json", "x-bench-id": request["id"]}
+            try:
+                start = time.perf_counter()
+                response = await http.post("/v1/chat/completions", content=request["body"], headers=headers)
+                elapsed = time.perf_counter() - start
+            finally:
+                idle.append(http)
+            response.raise_for_status()
+            return {"id": request["id"], "latency_s": elapsed, "usage": response.json()["usage"]}
+
+        return {"results": await closed_loop(len(requests), concurrency, one)}
+
+    async def floor(self, count: int) -> Result:
+        [http] = self.clients(1)
+        seconds = []
+        for _ in range(count):
+            start = time.perf_counter()
+            response = await http.get("/health")
+            seconds.append(time.perf_counter() - start)
+            response.raise_for_status()
+        return {"latency_s": seconds}
+
+    async def close(self) -> None:
+        for http in self.pool:
+            await http.aclose()
+
+    async def session(self, mode: str, model: str, system: str, observations: list[str], max_tokens: int) -> Result:
+        turns: Result = {"latency_s": [], "prompt_tokens": [], "cached_tokens": [], "output_tokens": []}
+        if mode == CHAT:
+            await chat_session(self.clients(1)[0], model, system, observations, max_tokens, turns)
+            return turns
+        import openai
+
+        client = openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=120.0)
+        async with client:
+            await ws_session(client, model, system, observations, max_tokens, turns)
+        return turns
+
+
+def _add_turn(turns: Result, latency_s: float, prompt: int, cached: int, output: int) -> None:
+    for key, value in zip(turns, (latency_s, prompt, cached, output), strict=True):
+        turns[key].append(value)
+
+
+async def ws_session(client: Any, model: str, system: str, observations: list[str], max_tokens: int,
+                     turns: Result) -> None:
+    """One connection, opened before turn 1's clock starts; each turn sends only its new observation."""
+    previous = None
+    async with client.responses.connect() as connection:
+        for text in observations:
+            start = time.perf_counter()
+            await connection.response.create(model=model, input=[{"role": "user", "content": text}],
+                                             previous_response_id=previous, max_output_tokens=max_tokens,
+                                             temperature=0, instructions=system if previous is None else None)
+            response = await _terminal_response(connection, len(turns["latency_s"]) + 1)
+            elapsed = time.perf_counter() - start
+            usage = response.usage
+            _add_turn(turns, elapsed, usage.input_tokens, usage.input_tokens_details.cached_tokens,
+                      usage.output_tokens)
+            previous = response.id
+
+
+async def _terminal_response(connection: Any, turn: int) -> Any:
+    async for event in connection:
+        if event.type in ("response.completed", "response.incomplete"):
+            return event.response
+        if event.type in TERMINAL:
+            raise RuntimeError(f"turn {turn} over the WebSocket failed: {event}")
+    raise RuntimeError(f"the WebSocket closed during turn {turn}")
+
+
+async def chat_session(http: httpx.AsyncClient, model: str, system: str, observations: list[str], max_tokens: int,
+                       turns: Result) -> None:
+    """The whole history each turn and no session id: every request is its own throwaway session. httpx, not
+    the openai SDK, whose request building grows with the history (about 10 ms more at 40 messages)."""
+    history = [{"role": "system", "content": system}]
+    for text in observations:
+        history.append({"role": "user", "content": text})
+        body = {"model": model, "messages": history, "max_tokens": max_tokens, "temperature": 0}
+        start = time.perf_counter()
+        response = await http.post("/v1/chat/completions", json=body)
+        completion = response.raise_for_status().json()
+        elapsed = time.perf_counter() - start
+        usage = completion["usage"]
+        _add_turn(turns, elapsed, usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"],
+                  usage["completion_tokens"])
+        history.append({"role": "assistant", "content": completion["choices"][0]["message"]["content"] or ""})
+
+
+async def handle(client: Client, command: Result) -> Result:
+    op = command["op"]
+    if op == "chat":
+        return await client.chat(command["requests"], command["concurrency"])
+    if op == "floor":
+        return await client.floor(command["count"])
+    if op == "session":
+        return await client.session(command["mode"], command["model"], command["system"], command["observations"],
+                                    command["max_tokens"])
+    raise ValueError(f"unknown command {op!r}")
+
+
+def main(url: str) -> None:
+    import uvloop
+
+    loop = uvloop.new_event_loop()
+    client = Client(url)
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command["op"] == "stop":
+            break
+        try:
+            answer = loop.run_until_complete(handle(client, command))
+        except Exception:  # reported to the parent, which raises it; the client goes on
+            answer = {"error": traceback.format_exc()}
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+    loop.run_until_complete(client.close())
+    loop.close()
+
+
+class ClientProcess:
+    """The parent's side: start the client, send it commands one at a time, stop it."""
+
+    def __init__(self, url: str, timeout_s: float = 300.0) -> None:
+        self.timeout_s = timeout_s
+        self.process = subprocess.Popen([sys.executable, "-m", __name__, url], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True)
+
+    def call(self, **command: Any) -> Result:
+        stdin, stdout = self.process.stdin, self.process.stdout
+        assert stdin is not None and stdout is not None
+        stdin.write(json.dumps(command) + "\n")
+        stdin.flush()
+        ready, _, _ = select.select([stdout], [], [], self.timeout_s)
+        line = stdout.readline() if ready else ""
+        if not line:
+            raise RuntimeError(f"the bench client gave no answer to {command['op']!r} within {self.timeout_s} s")
+        answer: Result = json.loads(line)
+        if "error" in answer:
+            raise RuntimeError(f"the bench client failed:\n{answer['error']}")
+        return answer
+
+    def close(self) -> None:
+        if self.process.poll() is None and self.process.stdin is not None:
+            with contextlib.suppress(BrokenPipeError):
+                self.process.stdin.write(json.dumps({"op": "stop"}) + "\n")
+                self.process.stdin.close()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+    def __enter__(self) -> ClientProcess:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,1 @@
+"""`agentserve bench trajectory`: turn-delta reuse, trace replay, pruning, KV, phase shifts."""
