@@ -10,15 +10,18 @@ entries leave memory without waiting for a read. Values are opaque bytes: the st
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 from urllib.parse import quote
 
 import redis.asyncio as redis
+
+from gateway.session_lease import RedisLeases
 
 Kind = Literal["session", "response"]
 REDIS_PREFIX = "agentserve:"
@@ -61,6 +64,10 @@ class SessionStore(Protocol):
 
     async def count(self) -> int:
         """Live sessions of every owner (of every replica sharing the store)."""
+        ...
+
+    def lease(self, key: StoreKey, wait_s: float) -> contextlib.AbstractAsyncContextManager[None]:
+        """Hold `key` for one turn against other processes sharing the store (SessionBusy after `wait_s`)."""
         ...
 
     async def close(self) -> None: ...
@@ -107,6 +114,10 @@ class MemorySessionStore:
     async def count(self) -> int:
         self._sweep()
         return sum(key.kind == "session" for key in self._items)
+
+    @contextlib.asynccontextmanager
+    async def lease(self, key: StoreKey, wait_s: float) -> AsyncIterator[None]:
+        yield  # one process holds this store: the session manager's lock already orders its turns
 
     async def close(self) -> None:
         self._items.clear()
@@ -188,6 +199,7 @@ class RedisSessionStore:
         self._put_session = self._redis.register_script(PUT_SESSION_LUA)
         self._claim = self._redis.register_script(CLAIM_LUA)
         self._count = self._redis.register_script(COUNT_LUA)
+        self._leases = RedisLeases(self._redis, REDIS_PREFIX)
 
     async def get(self, key: StoreKey) -> bytes | None:
         data = await self._redis.get(REDIS_PREFIX + key.path)
@@ -217,6 +229,9 @@ class RedisSessionStore:
     async def count(self) -> int:
         """Sessions of every replica sharing this Redis: the index, pruned of expired entries (no SCAN)."""
         return int(await self._count(keys=[SESSION_INDEX]))
+
+    def lease(self, key: StoreKey, wait_s: float) -> contextlib.AbstractAsyncContextManager[None]:
+        return self._leases.hold(key.path, wait_s)
 
     async def close(self) -> None:
         await self._redis.aclose()

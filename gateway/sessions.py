@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from engine.tokenizer import Tokenizer
 from gateway.errors import APIError
+from gateway.session_lease import SessionBusy
 from gateway.session_store import SessionStore, StoreKey
 from trajectory.agent import Policies, Trajectory
 from trajectory.template_types import ChatTemplate, Message, ToolSchemas
@@ -49,8 +50,9 @@ def tools_digest(tools: ToolSchemas | None) -> str:
 
 class SessionManager:
     def __init__(self, store: SessionStore, template: ChatTemplate, tokenizer: Tokenizer, policies: Policies,
-                 ttl_s: float) -> None:
+                 ttl_s: float, lease_wait_s: float = 30.0) -> None:
         self.store = store
+        self.lease_wait_s = lease_wait_s  # how long a turn waits for one on another replica to finish
         self.template = template
         self.tokenizer = tokenizer
         self.policies = policies
@@ -61,19 +63,30 @@ class SessionManager:
     async def open(self, key: StoreKey | None, tools: ToolSchemas | None = None,
                    max_sessions: int | None = None) -> AsyncIterator[SessionTurn]:
         """The session for one turn, saved afterwards; a throwaway one (not pinned, not saved) without a key.
-        A new session needs a place among its owner's `max_sessions` (APIError 429 when none is free)."""
+        A new session needs a place among its owner's `max_sessions` (APIError 429 when none is free); a turn
+        of a session in a turn on another replica waits for it, then is refused (APIError 409)."""
         if key is None:
             yield SessionTurn(self._start(f"anon-{uuid.uuid4().hex}", tools), None)
             return
         lock = self._locks.get(key)
         if lock is None:
             lock = self._locks[key] = asyncio.Lock()
-        async with lock:
+        async with lock, self._lease(key):
             turn = SessionTurn(await self.load(key, tools, max_sessions), key)
             try:
                 yield turn
             finally:
                 await self.store.put(key, turn.trajectory.to_bytes(), self.ttl_s)
+
+    @asynccontextmanager
+    async def _lease(self, key: StoreKey) -> AsyncIterator[None]:
+        try:
+            async with self.store.lease(key, self.lease_wait_s):
+                yield
+        except SessionBusy as busy:  # raised only while taking the lease, before the turn starts
+            raise APIError(409, f"session {key.id!r} is in a turn on another replica; send the next turn after "
+                           f"it ends (waited {busy.waited_s:.1f} s)", "invalid_request_error", None,
+                           "session_busy", {"Retry-After": "1"}) from busy
 
     async def load(self, key: StoreKey, tools: ToolSchemas | None = None,
                    max_sessions: int | None = None) -> Trajectory:

@@ -82,6 +82,32 @@ def test_a_session_continues_on_another_replica_through_redis(replicas: list[Rep
     assert store.pttl(key) > 0
 
 
+def respond(url: str, text: str, previous: str | None = None) -> httpx.Response:
+    body = {"model": "tiny", "input": text, "max_output_tokens": 48, "temperature": 0,
+            **({"previous_response_id": previous} if previous else {})}
+    return httpx.post(f"{url}/v1/responses", json=body, timeout=60)
+
+
+@pytest.mark.slow
+def test_same_session_turns_on_two_replicas_at_once_never_lose_an_update(replicas: list[Replica]) -> None:
+    """Both replicas continue the same response at the same moment: the session's lease lets one turn in at a
+    time, so the second finds its previous response outdated and is refused, instead of both loading one
+    version of the session and the later save erasing the earlier turn."""
+    urls = [url for _, url in replicas]
+    latest = respond(urls[0], "Open the failing test.").json()["id"]
+    with ThreadPoolExecutor(2) as pool:
+        for round_ in range(4):
+            answers = list(pool.map(lambda url: respond(url, f"Step {round_}: run it again.", latest), urls))
+            assert sorted(a.status_code for a in answers) == [200, 400], [a.text for a in answers]
+            refused = next(a for a in answers if a.status_code == 400).json()["error"]
+            assert refused["code"] == "previous_response_not_latest"
+            winner = next(a for a in answers if a.status_code == 200).json()
+            latest = winner["id"]
+    follow = respond(urls[1], "Summarise what changed.", latest)
+    assert follow.status_code == 200  # the winner of each round is the session's latest on every replica
+    assert follow.json()["usage"]["input_tokens"] > winner["usage"]["input_tokens"] + winner["usage"]["output_tokens"]
+
+
 @pytest.mark.slow
 def test_sigterm_drains_running_streams_then_exits(replicas: list[Replica]) -> None:
     process, url = replicas[1]
