@@ -8,9 +8,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.sampling import RequestError
+from gateway.openapi import declare_errors
 from trajectory.template_types import ChatTemplateError
 
 
@@ -58,6 +61,9 @@ def validation_error(errors: Sequence[Any], code: str | None = None) -> APIError
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    """Every error in OpenAI's shape, each status declared in the OpenAPI document (gateway/openapi.py)."""
+    declare_errors(app)
+
     @app.exception_handler(APIError)
     async def api_error(_: Request, error: APIError) -> JSONResponse:
         return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
@@ -79,6 +85,13 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ChatTemplateError)
     async def bad_template(_: Request, error: ChatTemplateError) -> JSONResponse:
         return JSONResponse(error_body(str(error), "invalid_request_error", "messages"), status_code=400)
+
+    @app.exception_handler(RedisConnectionError)
+    @app.exception_handler(RedisTimeoutError)
+    async def store_down(_: Request, error: Exception) -> JSONResponse:  # sessions, records, rate limits
+        return JSONResponse(error_body(f"the session store is unavailable: {error}", "service_unavailable_error",
+                                       None, "session_store_unavailable"), status_code=503,
+                            headers={"Retry-After": "1"})
 
     @app.exception_handler(Exception)
     async def internal(_: Request, error: Exception) -> JSONResponse:  # logged by the server as well

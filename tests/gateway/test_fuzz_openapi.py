@@ -1,13 +1,10 @@
 """schemathesis against the gateway's own OpenAPI document, every operation, on a real gateway (uvicorn on
 loopback): valid and invalid requests, with and without an admin key; no server error, and every response
-conforming to the document (a declared status, a declared content type, a body of the declared schema).
-The statuses and content types the document does not declare yet are listed in one place below, each
-answered with OpenAI's error body; when the declarations land, only those lists change. A longer run:
-docs/gateway.md."""
+conforming to the document (a declared status, a declared content type, a body of the declared schema:
+OpenAI's error body for every error). A longer run: docs/gateway.md."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,24 +28,6 @@ from tests.gateway.conftest import ADMIN, ADMIN_HEADERS, running_gateway
 pytestmark = pytest.mark.slow
 MAX_EXAMPLES = int(os.environ.get("AGENTSERVE_FUZZ_EXAMPLES", "300"))  # longer runs: see docs/gateway.md
 
-# The known gap (issue 15): statuses the gateway answers, always with OpenAI's error body, that its OpenAPI
-# document does not declare yet ("METHOD /path": statuses), and content types it does not declare.
-UNDECLARED_STATUSES: dict[str, set[int]] = {
-    "POST /v1/chat/completions": {400, 404},
-    "POST /v1/completions": {400, 404},
-    "POST /v1/responses": {400, 404},
-    "GET /v1/responses/{response_id}": {404},
-    "GET /admin/capacity": {401, 404},
-    "POST /admin/capacity": {400, 401, 404},
-}
-UNDECLARED_CONTENT_TYPES: dict[str, set[str]] = {
-    "POST /v1/chat/completions": {"text/event-stream"},  # stream: true
-    "POST /v1/completions": {"text/event-stream"},
-    "POST /v1/responses": {"text/event-stream"},
-    "GET /health": {"text/plain"},
-    "GET /ready": {"text/plain"},
-    "GET /metrics": {"text/plain"},  # Prometheus' text format
-}
 CHECKS = [not_a_server_error, response_schema_conformance, response_headers_conformance]
 
 
@@ -77,28 +56,23 @@ def media_type(response: Any) -> str:
 
 
 def check_conforms(target: Target, label: str, response: Any) -> None:
-    """Declared: the declared content type (the body's schema is schemathesis' check); not declared yet: a
-    status of the known gap, with OpenAI's error body."""
+    """A declared status with a declared content type (the body's schema is schemathesis' check)."""
     declared = target.declared(label)
     status = str(response.status_code)
-    if status not in declared:
-        assert response.status_code in UNDECLARED_STATUSES.get(label, set()), f"{label}: undeclared {status}"
-        error = json.loads(response.content)["error"]
-        assert isinstance(error["message"], str) and isinstance(error["type"], str), response.content
-        assert {"param", "code"} <= error.keys(), response.content
-        return
-    content_types = declared[status].get("content", {})
-    got = media_type(response)
-    assert got in content_types or got in UNDECLARED_CONTENT_TYPES.get(label, set()), f"{label} {status}: {got}"
+    assert status in declared, f"{label}: undeclared {status}"
+    assert media_type(response) in declared[status].get("content", {}), f"{label} {status}: {media_type(response)}"
 
 
-def test_the_known_gap_lists_only_what_is_still_undeclared(target: Target) -> None:
-    """When a declaration lands, its entry must leave the lists above (so they never hide a regression)."""
-    for label, statuses in UNDECLARED_STATUSES.items():
-        assert not {str(s) for s in statuses} & target.declared(label).keys(), f"{label}: now declared"
-    for label, types in UNDECLARED_CONTENT_TYPES.items():
-        declared_types = {t for r in target.declared(label).values() for t in r.get("content", {})}
-        assert not types & declared_types, f"{label}: now declared"
+def test_every_error_status_is_declared_with_openais_error_body(target: Target) -> None:
+    error = target.document["components"]["schemas"]["ErrorResponse"]["properties"]["error"]
+    assert set(error["required"]) == {"message", "type", "param", "code"}
+    for label in ("POST /v1/chat/completions", "POST /v1/responses", "POST /admin/capacity"):
+        errors = {status: r for status, r in target.declared(label).items() if status >= "400"}
+        assert {"400", "401", "404"} <= errors.keys() and "422" not in errors, label
+        for response in errors.values():
+            assert response["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorResponse"}
+    assert "text/event-stream" in target.declared("POST /v1/chat/completions")["200"]["content"]
+    assert "text/plain" in target.declared("GET /metrics")["200"]["content"]
 
 
 @settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
