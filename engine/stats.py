@@ -49,6 +49,7 @@ class EngineStats:
     role_moves: int = 0  # cumulative role changes the capacity controller made
     capacity_target: dict[str, int] = field(default_factory=dict)  # role -> workers the last decision wanted
     last_move_at: float | None = None  # unix seconds of the controller's latest move
+    kv_transfers: dict[str, int] = field(default_factory=dict)  # outcome -> cumulative KV transfers received
 
     @classmethod
     def total(cls, parts: list[EngineStats], workers: dict[str, int]) -> EngineStats:
@@ -57,12 +58,16 @@ class EngineStats:
             measured = [v for v in values if v > 0]
             return sum(measured) / len(measured) if measured else 0.0
 
+        transfers: dict[str, int] = {}
+        for part in parts:
+            for outcome, count in part.kv_transfers.items():
+                transfers[outcome] = transfers.get(outcome, 0) + count
         return cls(sum(p.running for p in parts), sum(p.waiting for p in parts),
                    sum(p.prefill_tokens_waiting for p in parts), max((p.oldest_wait_s for p in parts), default=0.0),
                    sum(p.decode_streams for p in parts), mean([p.kv_usage for p in parts]),
                    sum(p.kv_blocks_free for p in parts), sum(p.prefix_cache_queries for p in parts),
                    sum(p.prefix_cache_hits for p in parts), mean([p.decode_step_s for p in parts]),
-                   mean([p.prefill_tokens_per_s for p in parts]), workers)
+                   mean([p.prefill_tokens_per_s for p in parts]), workers, kv_transfers=transfers)
 
 
 def queue_stats(running: list[Sequence], waiting: list[Sequence], now: float) -> EngineStats:

@@ -41,6 +41,7 @@ class LoadSignals:
         self.last_arrival: OrderedDict[str, float] = OrderedDict()  # least recently seen session first
         self.admission: AdmissionController | None = None
         self._pushed = AgentSignals()
+        self.failures = 0  # pushes that failed
         self._task: asyncio.Task[None] | None = None
 
     def watch(self, admission: AdmissionController) -> None:
@@ -124,7 +125,14 @@ class LoadSignals:
             try:
                 self._push(time.monotonic())
             except Exception:  # a forecast failure must not stop the pushes
+                self.failures += 1
                 log.exception("could not compute the load signals")
+
+    def forecaster_in_use(self) -> tuple[str, str]:
+        """The forecaster the capacity controller reads, and why (`/metrics`)."""
+        if self.forecaster is None:
+            return "none", "no capacity controller reads a forecast (colocated engine)"
+        return self.forecaster.uses, self.forecaster.reason
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -58,6 +58,8 @@ class Counters:
     rejected: Counter
     aborted: Counter
     role_moves: Counter
+    kv_transfers: Counter
+    load_signal_failures: Counter
 
 
 @dataclass
@@ -71,6 +73,7 @@ class Gauges:
     capacity_alerts: Gauge
     capacity_target: Gauge
     capacity_last_move: Gauge
+    forecaster: Gauge
 
 
 def _histograms(registry: CollectorRegistry) -> Histograms:
@@ -105,7 +108,12 @@ def _counters(registry: CollectorRegistry) -> Counters:
         turns=counter("turns_total", "Agent turns by phase.", ("phase",)),
         rejected=counter("rejected_requests_total", "Requests refused before reaching the engine.", ("reason",)),
         aborted=counter("aborted_requests_total", "Requests aborted before they finished."),
-        role_moves=counter("capacity_role_moves_total", "Workers the capacity controller moved between roles."))
+        role_moves=counter("capacity_role_moves_total", "Workers the capacity controller moved between roles."),
+        kv_transfers=counter("kv_transfers_total", "KV transfers decode workers received, by outcome: received, "
+                             "rejected (a bad frame), timed_out, recomputed (the prompt prefilled again).",
+                             ("outcome",)),
+        load_signal_failures=counter("load_signal_failures_total", "Pushes of the agents' load signals to the "
+                                     "capacity controller that failed."))
 
 
 def _gauges(registry: CollectorRegistry) -> Gauges:
@@ -123,7 +131,9 @@ def _gauges(registry: CollectorRegistry) -> Gauges:
         capacity_target=gauge("capacity_target_workers", "Workers per role the capacity controller's last decision "
                               "wants.", ("role",)),
         capacity_last_move=gauge("capacity_last_move_timestamp_seconds", "Unix time of the capacity controller's "
-                                 "latest move."))
+                                 "latest move."),
+        forecaster=gauge("forecaster_info", "1 for the forecaster the capacity controller reads (lstm, last_value, "
+                         "ema or none) and why.", ("forecaster", "reason")))
 
 
 @dataclass
@@ -160,6 +170,8 @@ class Metrics:
         self._queries = CumulativeBaseline()
         self._hits = CumulativeBaseline()
         self._moves = CumulativeBaseline()
+        self._transfers = CumulativeBaseline()
+        self._failures = CumulativeBaseline()
 
     def request_started(self, endpoint: str, now: float | None = None) -> RequestTrace:
         return RequestTrace(endpoint, _now(now))
@@ -234,6 +246,14 @@ class Metrics:
             self.gauges.capacity_last_move.set(stats.last_move_at)
         self.counters.prefix_cache_queries.inc(self._queries.delta(source, stats.prefix_cache_queries))
         self.counters.prefix_cache_hits.inc(self._hits.delta(source, stats.prefix_cache_hits))
+        for outcome, total in stats.kv_transfers.items():
+            self.counters.kv_transfers.labels(outcome).inc(self._transfers.delta(f"{source}:{outcome}", total))
+
+    def sync_signals(self, forecaster: str, reason: str, failures: int) -> None:
+        """Which forecaster the controller reads and why; the load-signal pushes that failed (cumulative)."""
+        self.gauges.forecaster.clear()
+        self.gauges.forecaster.labels(forecaster, reason).set(1)
+        self.counters.load_signal_failures.inc(self._failures.delta("signals", failures))
 
     def render(self) -> tuple[bytes, str]:
         """The `/metrics` body and its content type: always the classic text format, whatever the scraper's

@@ -54,6 +54,8 @@ class LoadForecaster:
         except (KeyError, TypeError, ValueError):
             raise ModelFileError(f"model metadata lacks held-out errors: {path}") from None
         self.uses: Choice = better_predictor(prefill)
+        self.reason = (f"held-out prefill-token MAE: lstm {prefill.predictor:.0f}, "
+                       f"last_value {prefill.last_value:.0f}, ema {prefill.ema:.0f}")
         self._model: NextTurnLSTM | None = load_model(path)[0] if self.uses == "lstm" else None
         self._window = self._model.config.window if self._model is not None else 1
         self.overdue_s = overdue_s

@@ -128,7 +128,7 @@ class CapacityLoop:
             "enabled": self.settings.enabled,
             "interval_s": self.settings.interval_s,
             "split": {role: sum(w.role == role for w in alive) for role in (m.PREFILL, m.DECODE)},
-            "workers": [{"worker_id": w.worker_id, "role": w.role, "running": w.stats.running,
+            "workers": [{"worker_id": w.worker_id, "pid": w.process.pid, "role": w.role, "running": w.stats.running,
                          "decode_streams": w.stats.decode_streams,
                          "waiting_prefill_tokens": w.stats.prefill_tokens_waiting} for w in alive],
             "pinned": None if pinned is None else {"prefill": pinned[0], "decode": pinned[1]},

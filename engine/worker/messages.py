@@ -117,6 +117,11 @@ class KVCounters:
     recomputed: int = 0
     by_reason: dict[str, int] = field(default_factory=dict)
 
+    def outcomes(self) -> dict[str, int]:
+        """Cumulative transfers by outcome: received whole, rejected (a bad frame), timed out, recomputed."""
+        return {"received": self.received, "rejected": self.rejected, "timed_out": self.timed_out,
+                "recomputed": self.recomputed}
+
 
 @dataclass
 class Stopped:

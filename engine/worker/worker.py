@@ -89,7 +89,8 @@ class Worker:
         now = time.monotonic()
         due = not self.engine.has_unfinished() or now - self.last_report >= self.spec.report_interval_s
         if self.unreported and due:
-            self.conn.send(m.Load(self.spec.worker_id, self.engine.stats()))
+            stats = replace(self.engine.stats(), kv_transfers=self.assembler.counters.outcomes())
+            self.conn.send(m.Load(self.spec.worker_id, stats))
             self.last_report, self.unreported = now, False
 
     def _commands(self, wait_s: float) -> None:

@@ -32,7 +32,7 @@ ADMIN = {"name": "operator", "sha256": hash_key(ADMIN_KEY), "admin": True}  # an
 ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
-def wait_until_ready(url: str, timeout_s: float = 60.0) -> None:
+def wait_until_ready(url: str, timeout_s: float = 180.0) -> None:  # workers load the model on a busy CPU
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.HTTPError):

@@ -33,15 +33,20 @@ def metric(url: str, name: str, **labels: str) -> float:
     raise AssertionError(f"no sample {name} {labels}")
 
 
-def metric_reaching(url: str, name: str, at_least: float, timeout_s: float = 10.0) -> float:
+def metric_reaching(url: str, name: str, at_least: float, timeout_s: float = 10.0, **labels: str) -> float:
     """The metric once it is at least `at_least` (workers report their counters with their load, not at once),
     or its value when `timeout_s` ran out."""
     deadline = time.monotonic() + timeout_s
-    value = metric(url, name)
+    value = metric(url, name, **labels)
     while value < at_least and time.monotonic() < deadline:
         time.sleep(0.1)
-        value = metric(url, name)
+        value = metric(url, name, **labels)
     return value
+
+
+def forecaster_samples(url: str) -> list[dict[str, str]]:
+    return [sample.labels for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
+            for sample in family.samples if sample.name == "agentserve:forecaster_info" and sample.value == 1]
 
 
 def test_chat_and_streaming_through_the_openai_sdk(disaggregated: tuple[subprocess.Popen[bytes], str]) -> None:
@@ -62,6 +67,26 @@ def test_chat_and_streaming_through_the_openai_sdk(disaggregated: tuple[subproce
         whole.usage.prompt_tokens - 16
     assert metric(url, "num_workers", role="prefill") == 1
     assert metric(url, "num_workers", role="decode") == 1
+    for fallback in ("recomputed", "timed_out", "rejected"):  # an idle deployment may prefill on the decoder
+        assert metric(url, "kv_transfers_total", outcome=fallback) == 0
+    [forecaster] = forecaster_samples(url)  # which one the controller reads, and why
+    assert forecaster["forecaster"] in ("lstm", "last_value", "ema") and "MAE" in forecaster["reason"]
+    assert metric(url, "load_signal_failures_total") == 0
+
+
+def test_a_transport_that_always_fails_shows_at_metrics(gateway_process: GatewayProcess) -> None:
+    """Every transfer corrupted: requests are still answered (recomputed on the decode worker), and /metrics
+    counts each fallback instead of hiding it."""
+    _, url = gateway_process(AGENTSERVE_DISAGGREGATED="true", AGENTSERVE_DEFAULT_MAX_TOKENS="4",
+                             AGENTSERVE_DEPLOYMENT_KV_FAULT="corrupt_payload",
+                             AGENTSERVE_CAPACITY_LOCAL_PREFILL_MAX_TOKENS="0",  # every prompt crosses
+                             AGENTSERVE_CAPACITY_LOCAL_PREFILL_MAX_UNCACHED_SHARE="0")
+    for turn in range(2):
+        body = {"model": "tiny", "messages": [{"role": "user", "content": f"Turn {turn}: run the tests. " * 10}]}
+        assert httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).status_code == 200
+    assert metric_reaching(url, "kv_transfers_total", 2, outcome="recomputed") >= 2
+    assert metric(url, "kv_transfers_total", outcome="rejected") >= 2  # each corrupt transfer refused whole
+    assert metric(url, "kv_transfers_total", outcome="received") == 0
 
 
 def test_a_websocket_session_reuses_its_kv_on_the_decode_worker(
