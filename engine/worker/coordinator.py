@@ -88,19 +88,35 @@ class DisaggregatedEngine:
         return request_id
 
     def _dispatch(self, tracked: Tracked) -> None:
+        """Place and send an attempt; a worker found dead on sending is buried and the attempt placed again."""
         self.by_attempt[tracked.attempt_id] = tracked
+        tracked.worker_ids = set()
         placement = self.placer.place(tracked.session, tracked.token_ids, self._loads())
         submit = m.Submit(tracked.attempt_id, tracked.token_ids, tracked.params,
                           tracked.masked_spans, session=tracked.session)
+        decode = self.workers[placement.decode_worker]
         if placement.prefill_worker is None:
+            if not self._send(decode, submit):
+                self._dispatch(tracked)
+                return
             self.transfers.local_prefills += 1
-            self.workers[placement.decode_worker].send(submit)
-            tracked.worker_ids = {placement.decode_worker}
+            tracked.worker_ids = {decode.worker_id}
             return
-        prefill, decode = self.workers[placement.prefill_worker], self.workers[placement.decode_worker]
-        prefill.send(replace(submit, decode_address=decode.kv_addresses[prefill.worker_id]))
+        prefill = self.workers[placement.prefill_worker]
+        if not self._send(prefill, replace(submit, decode_address=decode.kv_addresses[prefill.worker_id])):
+            self._dispatch(tracked)
+            return
         tracked.worker_ids = {prefill.worker_id}
         prefill.pending_decode[tracked.attempt_id] = decode.worker_id
+
+    def _send(self, worker: WorkerHandle, command: m.Command) -> bool:
+        """False when the worker's pipe is broken: it died between two liveness checks (its requests re-run)."""
+        try:
+            worker.send(command)
+        except OSError:  # BrokenPipeError, ConnectionResetError
+            self._worker_died(worker)
+            return False
+        return True
 
     def _loads(self) -> dict[int, int]:
         """Requests each worker is busy with, as the coordinator knows them (placement's load)."""
@@ -116,7 +132,7 @@ class DisaggregatedEngine:
         if tracked is not None:
             for worker in self.workers:
                 if worker.worker_id in tracked.worker_ids and worker.alive:
-                    worker.send(m.Abort(tracked.attempt_id))
+                    self._send(worker, m.Abort(tracked.attempt_id))
 
     def has_unfinished(self) -> bool:
         """Requests in flight, or a worker whose last Load report was busy: keep stepping until every worker
@@ -179,10 +195,9 @@ class DisaggregatedEngine:
         decode = self.workers[decode_id]
         if tracked is None:
             return
-        if not decode.alive:
+        if not decode.alive or not self._send(decode, m.AcceptHandoff(event.handoff)):
             self._rerun(tracked)
             return
-        decode.send(m.AcceptHandoff(event.handoff))
         tracked.worker_ids = {decode.worker_id}
 
     def _relay(self, worker: WorkerHandle, raw: RequestOutput) -> RequestOutput | None:
@@ -241,8 +256,7 @@ class DisaggregatedEngine:
         worker_id = self.homes.set_ttl(key, ttl_s, time.monotonic())
         if worker_id is None or not self.workers[worker_id].alive:
             return False
-        self.workers[worker_id].send(m.SetSessionTTL(key, ttl_s))
-        return True
+        return self._send(self.workers[worker_id], m.SetSessionTTL(key, ttl_s))
 
     def update_signals(self, signals: AgentSignals) -> None:
         self.capacity.update_signals(signals, time.monotonic())
@@ -258,13 +272,13 @@ class DisaggregatedEngine:
         """Failure testing only: make every prefill worker damage its KV transfers (None: stop)."""
         for worker in self.workers:
             if worker.alive:
-                worker.send(m.InjectKVFault(fault))
+                self._send(worker, m.InjectKVFault(fault))
 
     def kv_counters(self, timeout_s: float = 10.0) -> dict[int, m.KVCounters]:
         """Each live worker's KV receive counters (asked between their steps)."""
         for worker in self.workers:
             if worker.alive:
-                worker.send(m.CountersQuery())
+                self._send(worker, m.CountersQuery())
         self._counters.clear()
         deadline = time.monotonic() + timeout_s
         while len(self._counters) < sum(w.alive for w in self.workers) and time.monotonic() < deadline:
@@ -275,7 +289,7 @@ class DisaggregatedEngine:
         worker = self.workers[worker_id]
         worker.role = role
         worker.switched_at = time.monotonic()
-        worker.send(m.SetRole(role, time.time()))
+        self._send(worker, m.SetRole(role, time.time()))
 
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams]
                  ) -> list[Completion]:

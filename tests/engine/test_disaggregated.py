@@ -133,3 +133,17 @@ def test_killed_worker_is_detected_and_its_requests_rerun() -> None:
         assert [results[i].token_ids for i in ids] == colocated(SAMPLED)
     finally:
         engine.shutdown()
+
+
+def test_a_worker_dead_before_its_death_is_noticed_gets_no_request() -> None:
+    """A decode worker killed between two steps: requests placed on it meet a broken pipe, which buries the
+    worker and places them again, instead of failing the engine's thread."""
+    engine = start("shm", prefill=1, decode=2)
+    try:
+        engine.workers[2].process.kill()
+        engine.workers[2].process.join(10)
+        assert engine.workers[2].alive  # not noticed yet: no step ran
+        assert [c.token_ids for c in engine.generate(PROMPTS, GREEDY)] == colocated(GREEDY)
+        assert engine.dead_workers == [2]
+    finally:
+        engine.shutdown()
