@@ -97,7 +97,8 @@ def test_same_session_turns_on_two_replicas_at_once_never_lose_an_update(replica
     latest = respond(urls[0], "Open the failing test.").json()["id"]
     with ThreadPoolExecutor(2) as pool:
         for round_ in range(4):
-            answers = list(pool.map(lambda url: respond(url, f"Step {round_}: run it again.", latest), urls))
+            text = f"Step {round_}: run it again."
+            answers = list(pool.map(respond, urls, [text] * len(urls), [latest] * len(urls)))
             assert sorted(a.status_code for a in answers) == [200, 400], [a.text for a in answers]
             refused = next(a for a in answers if a.status_code == 400).json()["error"]
             assert refused["code"] == "previous_response_not_latest"
