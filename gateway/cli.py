@@ -122,6 +122,7 @@ BENCHMARKS = {
     "quality": ("agents_eval.bench.quality", "answer retention of pruning and history masks on a real model"),
     "peer": ("agents_eval.bench.peer", "llama.cpp against agentserve on the same GGUF file, same threads"),
     "batcher": ("agents_eval.bench.batcher", "SLO-deadline batching with session fairness against FCFS"),
+    "faults": ("agents_eval.bench.faults", "faults under load: workers, Redis, a replica killed; nothing lost"),
 }
 
 

@@ -1,0 +1,108 @@
+"""What the campaign runs and breaks: a redis-server with an append-only file (fsync on every write, so a
+restarted one has every session), replica 0 (disaggregated: prefill and decode worker processes) and
+replica 1 (colocated), both on that Redis; the faults are SIGKILL of a worker of a role, SIGKILL and restart
+of Redis, SIGTERM of replica 1 (it drains and exits; replica 0 continues its sessions)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agents_eval.bench.agent.gateway import ADMIN_HEADERS, GatewayProcess, free_port, running_gateway
+
+REDIS_START_TIMEOUT_S = 10.0
+
+
+@dataclass
+class Redis:
+    port: int
+    workdir: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed (Debian: apt-get install redis-server)")
+        self.process = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
+             "--appendfsync", "always", "--dir", str(self.workdir)], stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + REDIS_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.1):
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"redis-server did not listen on port {self.port}")
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def running_redis(workdir: Path) -> Iterator[Redis]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    redis = Redis(free_port(), workdir)
+    redis.start()
+    try:
+        yield redis
+    finally:
+        redis.stop()
+
+
+@dataclass
+class Deployment:
+    redis: Redis
+    replicas: list[GatewayProcess]
+    workers: list[dict[str, Any]]  # replica 0's, as /admin/capacity listed them before the load (roles stay)
+    stopped: set[int] = field(default_factory=set)  # replicas the campaign SIGTERMed
+    killed: set[int] = field(default_factory=set)  # worker pids the campaign SIGKILLed
+
+    def alive(self, replica: int) -> bool:
+        return replica not in self.stopped
+
+    def kill_worker(self, role: str) -> str:
+        """SIGKILL one worker of `role` on replica 0; what was done, for the timeline."""
+        worker = next(w for w in self.workers if w["role"] == role and w["pid"] not in self.killed)
+        self.killed.add(worker["pid"])
+        os.kill(int(worker["pid"]), signal.SIGKILL)
+        return f"killed {role} worker {worker['worker_id']} (pid {worker['pid']})"
+
+    def stop_replica(self, replica: int) -> str:
+        self.stopped.add(replica)
+        self.replicas[replica].process.send_signal(signal.SIGTERM)
+        return f"SIGTERM replica {replica}"
+
+
+@contextlib.contextmanager
+def deployed(model: str, workers: int, out: Path) -> Iterator[Deployment]:
+    """Redis and the two replicas, stopped when the block exits."""
+    with running_redis(out / "redis") as redis:
+        common = {"AGENTSERVE_REDIS_URL": redis.url, "AGENTSERVE_DRAIN_TIMEOUT_S": "30"}
+        disaggregated = {**common, "AGENTSERVE_DISAGGREGATED": "true", "AGENTSERVE_DEPLOYMENT_PREFILL": str(workers),
+                         "AGENTSERVE_DEPLOYMENT_DECODE": str(workers), "AGENTSERVE_CAPACITY_ENABLED": "false"}
+        with running_gateway(model, disaggregated, out / "replica-0.log") as first, \
+                running_gateway(model, common, out / "replica-1.log") as second:
+            report = httpx.get(f"{first.url}/admin/capacity", headers=ADMIN_HEADERS, timeout=60).raise_for_status()
+            yield Deployment(redis, [first, second], report.json()["workers"])

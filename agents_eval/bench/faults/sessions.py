@@ -1,0 +1,173 @@
+"""The campaign's clients: agent sessions of several turns over three protocols (Responses over HTTP with
+`previous_response_id`, chat completions streamed with `X-Session-Id` and the whole history, and the Responses
+WebSocket), each turn retried on the other replica or after `Retry-After` until it completes or its time
+budget runs out. Every attempt is recorded; a turn ends completed, failed with a clean (OpenAI-shaped) error,
+or lost (no answer at all)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import websockets
+from websockets.asyncio.client import connect
+
+RETRY_STATUSES = (429, 502, 503)
+ABANDONED = "abandoned"  # the client dropped the stream on purpose (a fault of the campaign)
+
+
+class CleanError(Exception):
+    """An answer in OpenAI's error shape that retrying will not change."""
+
+
+class Retry(Exception):
+    def __init__(self, reason: str, after_s: float = 0.0) -> None:
+        super().__init__(reason)
+        self.after_s = after_s
+
+
+@dataclass
+class Turn:
+    session: int
+    index: int
+    attempts: list[str] = field(default_factory=list)  # the outcome of each attempt
+    attempt_times: list[float] = field(default_factory=list)  # when each attempt ended (time.monotonic)
+    outcome: str = "lost"  # completed | failed | lost
+    latency_s: float = 0.0
+
+
+@dataclass
+class Session:
+    number: int
+    protocol: str  # responses | chat | ws
+    replica: int  # the replica its turns go to first
+    messages: list[dict[str, Any]] = field(default_factory=list)  # chat: the history as the client has it
+    last_response: str | None = None  # responses and ws: the latest response id
+    completed: int = 0
+    session_id: str = ""
+
+
+def error_of(response: httpx.Response) -> str:
+    try:
+        error = response.json()["error"]
+        return f"{response.status_code} {error.get('code') or error.get('type')}"
+    except (ValueError, KeyError, TypeError):
+        return f"{response.status_code} not OpenAI-shaped"
+
+
+def check(response: httpx.Response) -> None:
+    if response.status_code in RETRY_STATUSES:
+        raise Retry(error_of(response), float(response.headers.get("retry-after", "0.5") or 0.5))
+    if response.status_code != 200:
+        raise CleanError(error_of(response))
+
+
+async def responses_turn(http: httpx.AsyncClient, url: str, session: Session, text: str, tokens: int) -> None:
+    body = {"model": "tiny", "input": text, "max_output_tokens": tokens, "temperature": 0,
+            **({"previous_response_id": session.last_response} if session.last_response else {})}
+    response = await http.post(f"{url}/v1/responses", json=body)
+    check(response)
+    session.last_response = response.json()["id"]
+
+
+async def chat_turn(http: httpx.AsyncClient, url: str, session: Session, text: str, tokens: int,
+                    drop: bool) -> None:
+    messages = [*session.messages, {"role": "user", "content": text}]
+    body = {"model": "tiny", "messages": messages, "max_tokens": tokens, "temperature": 0, "stream": True}
+    reply: list[str] = []
+    async with http.stream("POST", f"{url}/v1/chat/completions", json=body,
+                           headers={"X-Session-Id": session.session_id}) as response:
+        if response.status_code != 200:
+            await response.aread()
+            check(response)
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            if drop:
+                raise Retry(ABANDONED)  # leaving the block closes the connection mid-stream
+            chunk = json.loads(line.removeprefix("data: "))
+            if "error" in chunk:
+                raise Retry(f"stream error {chunk['error'].get('code')}")
+            reply.extend(choice["delta"].get("content") or "" for choice in chunk.get("choices", []))
+    session.messages = [*messages, {"role": "assistant", "content": "".join(reply)}]
+
+
+async def ws_turn(url: str, session: Session, text: str, tokens: int, drop: bool) -> None:
+    request = {"type": "response.create", "model": "tiny", "input": text, "max_output_tokens": tokens,
+               "temperature": 0, **({"previous_response_id": session.last_response} if session.last_response else {})}
+    async with connect(url.replace("http://", "ws://") + "/v1/responses", open_timeout=10) as ws:
+        await ws.send(json.dumps(request))
+        async for frame in ws:
+            event = json.loads(frame)
+            if drop and event["type"] == "response.output_text.delta":
+                raise Retry(ABANDONED)
+            if event["type"] == "response.completed" or event["type"] == "response.incomplete":
+                session.last_response = event["response"]["id"]
+                return
+            if event["type"] in ("error", "response.failed"):
+                detail = event.get("error") or event.get("response", {}).get("error") or {}
+                status = int(event.get("status") or 500)
+                if status in RETRY_STATUSES or event["type"] == "response.failed":
+                    raise Retry(f"ws {detail.get('code')}")
+                raise CleanError(f"ws {status} {detail.get('code')}")
+    raise Retry("ws closed before the response ended")
+
+
+@dataclass
+class Driver:
+    urls: list[str]
+    tokens: int
+    budget_s: float
+    drop_share: float
+    rng: random.Random
+    alive: Callable[[int], bool]  # whether a replica still takes requests (the campaign stops one)
+    turns: list[Turn] = field(default_factory=list)
+
+    async def run_turn(self, http: httpx.AsyncClient, session: Session, index: int) -> Turn:
+        turn, start = Turn(session.number, index), time.monotonic()
+        text = f"Step {index}: the tool printed {self.rng.randrange(10**6)} lines; what next?"
+        replica, first = session.replica, True
+        while turn.outcome == "lost" and time.monotonic() - start < self.budget_s:
+            if not self.alive(replica):
+                replica = 1 - replica
+            drop, first = first and self.rng.random() < self.drop_share, False
+            label, pause_s = await self._try(http, replica, session, text, drop)
+            turn.attempts.append(label)
+            turn.attempt_times.append(time.monotonic())
+            if label == "200":
+                turn.outcome, session.completed = "completed", session.completed + 1
+            elif pause_s is None:
+                turn.outcome = "failed"
+            else:
+                replica = replica if label == ABANDONED else 1 - replica
+                await asyncio.sleep(pause_s)
+        turn.latency_s = time.monotonic() - start
+        self.turns.append(turn)
+        return turn
+
+    async def _try(self, http: httpx.AsyncClient, replica: int, session: Session, text: str,
+                   drop: bool) -> tuple[str, float | None]:
+        """One attempt: its outcome, and how long to wait before the next (None: do not retry)."""
+        try:
+            await self._attempt(http, self.urls[replica], session, text, drop)
+        except Retry as retry:
+            return str(retry), min(retry.after_s, 2.0)
+        except CleanError as error:
+            return str(error), None
+        except (TimeoutError, httpx.HTTPError, OSError, websockets.WebSocketException) as error:
+            return f"transport {type(error).__name__}", 0.2
+        return "200", None
+
+    async def _attempt(self, http: httpx.AsyncClient, url: str, session: Session, text: str, drop: bool) -> None:
+        if session.protocol == "responses":
+            await responses_turn(http, url, session, text, self.tokens)
+        elif session.protocol == "chat":
+            await chat_turn(http, url, session, text, self.tokens, drop)
+        else:
+            await ws_turn(url, session, text, self.tokens, drop)
