@@ -116,7 +116,7 @@ BENCHMARKS = {
     "engine": ("agents_eval.bench.engine.bench", "our engine against transformers' generate"),
     "trajectory": ("agents_eval.bench.trajectory.bench", "turn-delta reuse, trace replay, pruning, KV, phase shifts"),
     "disagg": ("agents_eval.bench.disagg.bench", "prefill/decode interference, KV hiding, role switches"),
-    "kv-transfer": ("agents_eval.kv_transfer_bench", "KV transfer speed per transport against baselines"),
+    "kv-transfer": ("agents_eval.bench.kv_transfer", "KV transfer speed per transport against baselines"),
     "gateway": ("agents_eval.bench.gateway.bench", "gateway overhead over its engine; Responses WebSocket vs chat"),
     "capacity": ("agents_eval.bench.capacity.bench", "capacity controller: reallocation latency, p99 vs fixed splits"),
     "quality": ("agents_eval.bench.quality", "answer retention of pruning and history masks on a real model"),

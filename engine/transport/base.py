@@ -1,10 +1,12 @@
 """The one interface every KV transport implements, and the settings they share.
 
 A receiver listens first and publishes its address; a sender connects to the address and ships Layer
-Blocks as `engine.kv_wire` frames. A receiver checks every frame (magic, version, checksums, shape),
-counts it in `counters`, and raises the `KVWireError` of a rejected one, which the decode side answers by
-recomputing that KV. `recv` returns a block that owns its memory; `recv_borrowed` may hand out a view into
-the transport's own buffer (zero copy), valid until it is released.
+Blocks as `engine.kv_wire` frames; `send_many` joins a layer's consecutive blocks into one frame (up to
+`coalesce_bytes`). A receiver checks every frame (magic, version, checksums, shape), counts it in
+`counters`, and raises the `KVWireError` of a rejected one, which the decode side answers by recomputing
+that KV. `recv` returns a block that owns its memory; `recv_borrowed` may hand out a view into the
+transport's own buffer (zero copy), valid until it is released; `recv_into` copies the payload straight
+into a tensor the caller names for the frame (its KV blocks), checksumming as it copies.
 """
 
 from __future__ import annotations
@@ -16,11 +18,24 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.kv_wire import DEFAULT_CHECKSUM, ChecksumKind, ExpectedShape, KVBlock, KVWireError, WireCounters
+from engine.kv_wire import (
+    DEFAULT_CHECKSUM,
+    ChecksumKind,
+    ExpectedShape,
+    FrameHeader,
+    KVBlock,
+    KVWireError,
+    WireCounters,
+    check_destination,
+    coalesce,
+    header_for,
+)
 
 Buffer = bytes | bytearray | memoryview
+Placement = Callable[[FrameHeader], torch.Tensor]  # a checked header -> the tensor its payload goes into
 
 
 class TransportError(Exception):
@@ -41,6 +56,7 @@ class TransportSettings(BaseModel):
     send_timeout_s: float = Field(default=10.0, gt=0)  # a sender waiting for room longer than this fails
     frame_timeout_s: float = Field(default=5.0, gt=0)  # a frame whose rest stalls longer than this is cut
     max_frame_bytes: int = Field(default=1 << 30, gt=0)
+    coalesce_bytes: int = Field(default=16 << 20, ge=0)  # most payload bytes send_many joins into one frame
     shm_ring_bytes: int = Field(default=64 << 20, ge=1 << 16)
     tcp_buffer_bytes: int = Field(default=4 << 20, ge=1 << 12)  # a tcp connection's receive buffer
     poll_interval_s: float = Field(default=0.0005, gt=0)  # longest sleep between polls of a ring or queue
@@ -71,6 +87,8 @@ def _no_release() -> None:
 
 
 class KVSender(ABC):
+    coalesce_bytes: int = 0  # set by each transport: its settings' limit, or less where its frames must fit
+
     @abstractmethod
     def send(self, block: KVBlock) -> None: ...
 
@@ -82,7 +100,8 @@ class KVSender(ABC):
     def close(self) -> None: ...
 
     def send_many(self, blocks: Iterable[KVBlock]) -> None:
-        for block in blocks:
+        """Send the blocks in order, a layer's consecutive ones joined into one frame (`kv_wire.coalesce`)."""
+        for block in coalesce(blocks, self.coalesce_bytes):
             self.send(block)
 
     def __enter__(self) -> Self:
@@ -109,6 +128,25 @@ class KVReceiver(ABC):
         block = self.recv(timeout_s)
         return None if block is None else BorrowedBlock(block, _no_release)
 
+    def recv_into(self, place: Placement, timeout_s: float) -> KVBlock | None:
+        """The next block, its payload copied into `place(header)` (the header's shape and dtype, a strided view
+        of the receiver's blocks included); None on timeout. A frame rejected after its payload started landing
+        leaves those bytes in the destination: the receiver recomputes that KV."""
+        borrowed = self.recv_borrowed(timeout_s)
+        if borrowed is None:
+            return None
+        with borrowed as block:
+            header = header_for(block, DEFAULT_CHECKSUM, 0)
+            dest = place(header)
+            try:
+                check_destination(header, dest)
+            except KVWireError as error:
+                self.counters.accepted -= 1  # counted as it arrived, rejected after all
+                self.counters.reject(error)
+                raise
+            dest.copy_(block.tensor)
+        return KVBlock(block.layer, block.token_start, block.token_end, block.block_hash, dest)
+
     def _counted(self, decode: Callable[[], KVBlock]) -> KVBlock:
         try:
             block = decode()
@@ -126,6 +164,10 @@ class KVReceiver(ABC):
         self.close()
 
 
+def new_tensor(header: FrameHeader) -> torch.Tensor:
+    return torch.empty(header.shape, dtype=header.dtype)
+
+
 class ZeroCopyReceiver(KVReceiver):
     """A receiver whose blocks view its own buffer: `recv` copies each one once into a tensor it owns."""
 
@@ -133,11 +175,7 @@ class ZeroCopyReceiver(KVReceiver):
     def recv_borrowed(self, timeout_s: float) -> BorrowedBlock | None: ...
 
     def recv(self, timeout_s: float) -> KVBlock | None:
-        borrowed = self.recv_borrowed(timeout_s)
-        if borrowed is None:
-            return None
-        with borrowed as block:
-            return KVBlock(block.layer, block.token_start, block.token_end, block.block_hash, block.tensor.clone())
+        return self.recv_into(new_tensor, timeout_s)
 
 
 class Transport(ABC):

@@ -36,6 +36,7 @@ class InprocSender(KVSender):
     def __init__(self, channel: Channel, settings: TransportSettings) -> None:
         self._channel = channel
         self._settings = settings
+        self.coalesce_bytes = settings.coalesce_bytes
 
     def send(self, block: KVBlock) -> None:
         self.send_frame(encode(block, self._settings.checksum).tobytes())

@@ -236,6 +236,7 @@ class RdmaSender(KVSender):
                                  f"differs from ours, {layout.num_slots} x {layout.slot_bytes} B")
         self._endpoint.connect(self._remote)
         self._free = list(range(layout.num_slots))
+        self.coalesce_bytes = min(settings.coalesce_bytes, layout.slot_bytes - frame_nbytes(ALIGNMENT))  # fits a slot
 
     def send(self, block: KVBlock) -> None:
         slot = self._take_slot()

@@ -1,47 +1,42 @@
 """Shared-memory transport: one single-producer single-consumer ring per `listen()`, across processes.
 
 The receiver creates the segment (`multiprocessing.shared_memory`, a uuid name) and unlinks it on close;
-one sender attaches by name. Segment layout:
+one sender attaches by name. The segment's layout is in `engine.transport.shm_ring`.
 
-    offset  width  field
-         0      8  write position   u64, bytes the sender has published, ever
-        64      8  read position    u64, bytes the receiver has released, ever
-       128      8  sender state     u64: 0 none yet, 1 connected, 2 closed
-       136      8  receiver state   u64: 0 open, 1 closed
-       144      8  capacity         u64, bytes of the data area (a multiple of 64)
-       256      -  data area
-
-The data area holds records at 64-byte aligned offsets: a 64-byte record header (u64 kind: 1 frame,
-2 wrap; u64 frame length), then the frame padded to 64 bytes. A record never straddles the end: the
-sender fills the tail with a wrap record and starts over at offset 0. Positions are aligned 8-byte
-stores made after the bytes they publish (x86-64 keeps stores in order; weaker CPUs would need a fence).
-
-The sender copies each tensor once, straight into the ring (strided sources included); the receiver
-checks the frame in place and either lends a tensor viewing the ring (`recv_borrowed`) or copies it
-once into a tensor of its own (`recv`).
+The sender copies each tensor once, straight into the ring (strided sources included), checksumming
+stride by stride as it copies; a coalesced frame is at most a quarter of the ring, so the sender fills
+one while the receiver drains another. The receiver checks the frame in place and either lends a tensor
+viewing the ring (`recv_borrowed`) or copies it once, checksumming as it copies, into a tensor of its
+own (`recv`) or one the caller names (`recv_into`: the receiver's own KV blocks).
 """
 
 from __future__ import annotations
 
 import contextlib
-import mmap
-import os
-import struct
-import sys
 import time
 import uuid
 from multiprocessing.shared_memory import SharedMemory
-from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
-from engine.kv_wire import HEADER_SIZE, ExpectedShape, KVBlock, KVWireError, decode, encode_into, padded
+from engine.kv_wire import (
+    HEADER_SIZE,
+    ExpectedShape,
+    KVBlock,
+    KVWireError,
+    check_shape,
+    decode,
+    decode_into,
+    encode_into,
+    padded,
+    parse_header,
+)
 from engine.transport.base import (
     BorrowedBlock,
     Buffer,
     KVReceiver,
     KVSender,
+    Placement,
     Transport,
     TransportError,
     TransportSettings,
@@ -49,70 +44,27 @@ from engine.transport.base import (
     poll_until,
     split_address,
 )
+from engine.transport.shm_ring import (
+    CAPACITY,
+    CONTROL_BYTES,
+    FRAME_RECORD,
+    NO_SENDER,
+    READ_POS,
+    RECEIVER_CLOSED,
+    RECORD_HEADER,
+    RECORD_HEADER_BYTES,
+    SENDER_CLOSED,
+    SENDER_CONNECTED,
+    SENDER_STATE,
+    WRAP_RECORD,
+    WRITE_POS,
+    Ring,
+    attach,
+    close_mapping,
+    record_nbytes,
+)
 
 SCHEME = "shm"
-CONTROL_BYTES = 256
-RECORD_HEADER = struct.Struct("=QQ")
-RECORD_HEADER_BYTES = 64
-FRAME_RECORD, WRAP_RECORD = 1, 2
-NO_SENDER, SENDER_CONNECTED, SENDER_CLOSED = 0, 1, 2
-WRITE_POS, READ_POS, SENDER_STATE, RECEIVER_CLOSED, CAPACITY = 0, 8, 16, 17, 18  # u64 indices
-
-
-def record_nbytes(frame_nbytes: int) -> int:
-    return RECORD_HEADER_BYTES + padded(frame_nbytes)
-
-
-class Ring:
-    """Views of one mapped segment: the control words and the data area."""
-
-    def __init__(self, buf: memoryview) -> None:
-        self.control: npt.NDArray[np.uint64] = np.frombuffer(buf, dtype=np.uint64, count=CONTROL_BYTES // 8)
-        self.capacity = int(self.control[CAPACITY])
-        self.data = buf[CONTROL_BYTES:CONTROL_BYTES + self.capacity]
-
-    def get(self, index: int) -> int:
-        return int(self.control[index])
-
-    def set(self, index: int, value: int) -> None:
-        self.control[index] = value
-
-    def used(self) -> int:
-        return self.get(WRITE_POS) - self.get(READ_POS)
-
-    def detach(self) -> None:
-        self.data.release()
-        del self.control
-
-
-class AttachedSegment:
-    """An existing segment, mapped without the resource tracker: before Python 3.13 attaching registers it,
-    and a tracker outside the receiver's process tree would unlink it when this process exits."""
-
-    def __init__(self, name: str) -> None:
-        import _posixshmem
-
-        fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
-        try:
-            self._mmap = mmap.mmap(fd, os.fstat(fd).st_size)
-        finally:
-            os.close(fd)
-        self.buf = memoryview(self._mmap)
-
-    def close(self) -> None:
-        self.buf.release()
-        self._mmap.close()
-
-
-def attach(name: str) -> Any:
-    if sys.version_info >= (3, 13):
-        return SharedMemory(name=name, track=False)
-    return AttachedSegment(name)
-
-
-def _close_mapping(segment: Any) -> None:
-    with contextlib.suppress(BufferError):  # a borrowed tensor still views it: unmapped when that dies
-        segment.close()
 
 
 class ShmSender(KVSender):
@@ -127,6 +79,7 @@ class ShmSender(KVSender):
             self._detach()
             raise TransportError(f"ring {name!r} already has a sender or is closed (one sender per listen)")
         self._ring.set(SENDER_STATE, SENDER_CONNECTED)
+        self.coalesce_bytes = min(settings.coalesce_bytes, self._ring.capacity // 4 - 2 * RECORD_HEADER_BYTES)
 
     def send(self, block: KVBlock) -> None:
         frame_nbytes = HEADER_SIZE + padded(block.tensor.numel() * block.tensor.element_size())
@@ -149,7 +102,7 @@ class ShmSender(KVSender):
         if self._ring is not None:
             self._ring.detach()
             self._ring = None
-            _close_mapping(self._segment)
+            close_mapping(self._segment)
 
     def _reserve(self, frame_nbytes: int) -> tuple[Ring, int]:
         """Wait for room for one record; returns the ring and the data offset of the record's frame."""
@@ -233,6 +186,25 @@ class ShmReceiver(ZeroCopyReceiver):
         self._lent = True
         return BorrowedBlock(block, _Lease(self, record_nbytes(frame_nbytes)))
 
+    def recv_into(self, place: Placement, timeout_s: float) -> KVBlock | None:
+        """The next frame copied out of the ring into `place(header)`; its record is released at once."""
+        if self._lent:
+            raise TransportError("release the borrowed block before receiving the next")
+        record = self._next_record(time.monotonic() + timeout_s)
+        if record is None:
+            return None
+        offset, frame_nbytes = record
+        frame = self._live_ring().data[offset:offset + frame_nbytes]
+        try:
+            return self._counted(lambda: self._decode_into(frame, place))
+        finally:
+            self._advance(record_nbytes(frame_nbytes))
+
+    def _decode_into(self, frame: memoryview, place: Placement) -> KVBlock:
+        header = parse_header(frame)
+        check_shape(header, self.expected)
+        return decode_into(header, frame[HEADER_SIZE:], place(header), self.expected)
+
     def return_lease(self, nbytes: int) -> None:
         self._advance(nbytes)
         self._lent = False
@@ -247,7 +219,7 @@ class ShmReceiver(ZeroCopyReceiver):
         self._ring.set(RECEIVER_CLOSED, 1)
         self._ring.detach()
         self._ring = None
-        _close_mapping(self._segment)
+        close_mapping(self._segment)
         with contextlib.suppress(FileNotFoundError):
             self._segment.unlink()
 

@@ -1,12 +1,15 @@
 """TCP transport: sockets marked with the DSCP of their traffic class (configs/qos.yaml, IP_TOS = dscp << 2).
 
-A sender writes frames with `sendmsg` of [header, the tensor's own bytes, padding], so a contiguous
-tensor is never copied in user space; `send_many` packs many frames into one call. The receiver
-`recv_into`s a preallocated buffer per connection (many frames per system call) and cuts frames from it:
-`recv_borrowed` lends a tensor viewing that buffer, `recv` copies it once into a tensor of its own. One
-receiver accepts any number of senders, taking turns; each connection's frames arrive in order. A frame
-whose header cannot be trusted (bad magic, version or header checksum), or whose rest does not arrive
-(EOF, or a stall past frame_timeout_s), drops its connection: that stream has lost its framing.
+A sender writes frames with `sendmsg` of [header, the tensor's own bytes, padding], so a tensor (a strided
+layer slice included) is never copied in user space; `send_many` joins a layer's consecutive blocks into
+one frame and packs many frames into one call. The receiver reads headers and small frames into a
+preallocated buffer per connection (many frames per system call, at most READ_AHEAD bytes ahead of what
+it has asked for): `recv_borrowed` lends a tensor viewing that buffer; `recv` and `recv_into` read the
+payload from the socket straight into the destination tensor (a new one, or the receiver's own blocks),
+checksumming each piece as it lands. One receiver accepts any number of senders, taking turns; each
+connection's frames arrive in order. A frame whose header cannot be trusted (bad magic, version or header
+checksum), or whose rest does not arrive (EOF, or a stall past frame_timeout_s), drops its connection:
+that stream has lost its framing.
 """
 
 from __future__ import annotations
@@ -14,17 +17,26 @@ from __future__ import annotations
 import os
 import selectors
 import socket
+import struct
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from engine.kv_wire import (
+    ALIGNMENT,
     HEADER_SIZE,
+    BadChecksum,
     BadHeader,
     ExpectedShape,
+    FrameHeader,
     KVBlock,
     KVWireError,
-    TruncatedFrame,
+    PayloadSink,
+    check_destination,
+    check_shape,
+    coalesce,
     decode_payload,
+    destination_segments,
     encode,
     parse_header,
 )
@@ -34,15 +46,19 @@ from engine.transport.base import (
     Buffer,
     KVReceiver,
     KVSender,
+    Placement,
     Transport,
     TransportError,
     TransportSettings,
     ZeroCopyReceiver,
     split_address,
 )
+from engine.transport.tcp_stream import Stream
 
 SCHEME = "tcp"
+T = TypeVar("T")
 IOV_MAX = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 1024
+TIMEVAL = struct.Struct("@ll")  # struct timeval: seconds, microseconds
 
 
 def traffic_tos(settings: TransportSettings) -> int:
@@ -54,6 +70,13 @@ def mark_socket(sock: socket.socket, tos: int) -> None:
         sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, tos)
     else:
         sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+
+
+def kernel_timeout(sock: socket.socket, option: int, seconds: float) -> None:
+    """A blocking socket whose sends or receives give up after `seconds` (SO_SNDTIMEO / SO_RCVTIMEO, an
+    OSError then): unlike Python's own timeout, it costs no poll() before every call."""
+    sock.settimeout(None)
+    sock.setsockopt(socket.SOL_SOCKET, option, TIMEVAL.pack(int(seconds), int(seconds % 1 * 1_000_000)))
 
 
 def socket_tos(sock: socket.socket) -> int:
@@ -93,14 +116,15 @@ class TcpSender(KVSender):
             raise TransportError(f"cannot connect to {address}: {error}") from error
         mark_socket(self.sock, traffic_tos(settings))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock.settimeout(settings.send_timeout_s)
+        kernel_timeout(self.sock, socket.SO_SNDTIMEO, settings.send_timeout_s)
+        self.coalesce_bytes = min(settings.coalesce_bytes, settings.max_frame_bytes - HEADER_SIZE - ALIGNMENT)
 
     def send(self, block: KVBlock) -> None:
         self._send_parts(encode(block, self._settings.checksum).parts)
 
     def send_many(self, blocks: Iterable[KVBlock]) -> None:
         parts: list[Buffer] = []
-        for block in blocks:
+        for block in coalesce(blocks, self.coalesce_bytes):
             parts += encode(block, self._settings.checksum).parts
             if len(parts) + 3 > IOV_MAX:
                 self._send_parts(parts)
@@ -120,63 +144,6 @@ class TcpSender(KVSender):
                 views = _unsent(views, self.sock.sendmsg(views[:IOV_MAX]))
         except OSError as error:
             raise TransportError(f"send failed: {error}") from error
-
-
-class Stream:
-    """One connection's receive buffer: `recv_into` appends at `end`, frames are cut from `start`."""
-
-    def __init__(self, sock: socket.socket, nbytes: int) -> None:
-        self.sock = sock
-        self.buffer = bytearray(nbytes)
-        self.view = memoryview(self.buffer)
-        self.start = self.end = 0
-        self.eof = False
-
-    @property
-    def unread(self) -> int:
-        return self.end - self.start
-
-    def read_some(self) -> None:
-        """One `recv_into` (the socket is readable) into the free tail; marks EOF."""
-        if self.end == len(self.buffer) and self.start:
-            self.make_room(self.unread + 1)
-        if self.end < len(self.buffer):
-            got = self.sock.recv_into(self.view[self.end:])
-            self.end += got
-            self.eof = got == 0
-
-    def fill_to(self, nbytes: int) -> None:
-        """Wait until `nbytes` unread bytes are here; a stall past the socket timeout or an EOF cuts."""
-        if self.unread >= nbytes:
-            return
-        self.make_room(nbytes)
-        while self.unread < nbytes:
-            try:
-                got = self.sock.recv_into(self.view[self.end:])
-            except OSError as error:  # a timeout included: the rest stalled
-                raise TruncatedFrame(f"transfer cut: {error or 'stalled'}") from error
-            if got == 0:
-                raise TruncatedFrame("transfer cut: the sender closed mid-frame")
-            self.end += got
-
-    def make_room(self, nbytes: int) -> None:
-        """Room for `nbytes` from `start`: the unread bytes move to the front, into a larger buffer if needed."""
-        if self.start + nbytes <= len(self.buffer):
-            return
-        unread = self.view[self.start:self.end]
-        if nbytes > len(self.buffer):
-            self.buffer = bytearray(nbytes)
-            self.view = memoryview(self.buffer)
-        self.view[:unread.nbytes] = unread
-        self.start, self.end = 0, unread.nbytes
-
-    def take(self, nbytes: int) -> memoryview:
-        """The next `nbytes`, viewed in place: valid until the next read into this buffer."""
-        frame = self.view[self.start:self.start + nbytes]
-        self.start += nbytes
-        if self.start == self.end:
-            self.start = self.end = 0
-        return frame
 
 
 class TcpReceiver(ZeroCopyReceiver):
@@ -209,6 +176,15 @@ class TcpReceiver(ZeroCopyReceiver):
         block = self._counted(lambda: self._cut_frame(stream))
         self._lent = True
         return BorrowedBlock(block, self._return_lease)
+
+    def recv_into(self, place: Placement, timeout_s: float) -> KVBlock | None:
+        if self._lent:
+            raise TransportError("release the borrowed block before receiving the next")
+        deadline = time.monotonic() + timeout_s
+        while (stream := self._buffered_stream()) is None:
+            if not self._read_ready(deadline):
+                return None
+        return self._counted(lambda: self._read_frame_into(stream, place))
 
     def close(self) -> None:
         for stream in list(self._streams):
@@ -243,23 +219,61 @@ class TcpReceiver(ZeroCopyReceiver):
     def _accept(self) -> None:
         conn, _ = self.listener.accept()
         mark_socket(conn, self._tos)
-        conn.settimeout(self._settings.frame_timeout_s)
+        kernel_timeout(conn, socket.SO_RCVTIMEO, self._settings.frame_timeout_s)
         stream = Stream(conn, self._settings.tcp_buffer_bytes)
         self._selector.register(conn, selectors.EVENT_READ, stream)
         self._streams.append(stream)
 
     def _cut_frame(self, stream: Stream) -> KVBlock:
         """The next frame, read whole; a header that cannot be trusted or a cut drops the connection."""
-        try:
-            stream.fill_to(HEADER_SIZE)
-            header = parse_header(stream.view[stream.start:stream.start + HEADER_SIZE])
-            if header.frame_nbytes > self._settings.max_frame_bytes:
-                raise BadHeader(f"a {header.frame_nbytes}-byte frame exceeds max_frame_bytes")
+        header = self._dropping_on_error(stream, lambda: self._read_header(stream, fill_frame=True))
+        return decode_payload(header, stream.take(header.frame_nbytes)[HEADER_SIZE:], self.expected)
+
+    def _read_header(self, stream: Stream, fill_frame: bool) -> FrameHeader:
+        stream.fill_to(HEADER_SIZE)
+        header = parse_header(stream.view[stream.start:stream.start + HEADER_SIZE])
+        if header.frame_nbytes > self._settings.max_frame_bytes:
+            raise BadHeader(f"a {header.frame_nbytes}-byte frame exceeds max_frame_bytes")
+        if fill_frame:
             stream.fill_to(header.frame_nbytes)
-        except KVWireError:
+        return header
+
+    def _dropping_on_error(self, stream: Stream, read: Callable[[], T]) -> T:
+        try:
+            return read()
+        except (KVWireError, OSError):
             self._drop(stream)
             raise
-        return decode_payload(header, stream.take(header.frame_nbytes)[HEADER_SIZE:], self.expected)
+
+    def _read_frame_into(self, stream: Stream, place: Placement) -> KVBlock:
+        """The payload goes from the socket into its destination; a rejected frame is skipped whole."""
+        header = self._dropping_on_error(stream, lambda: self._read_header(stream, fill_frame=False))
+        try:
+            check_shape(header, self.expected)
+            dest = place(header)
+            check_destination(header, dest)
+        except KVWireError:
+            self._dropping_on_error(stream, lambda: stream.fill_to(header.frame_nbytes))
+            stream.take(header.frame_nbytes)
+            raise
+        segments = destination_segments(dest)
+        if segments is None:  # too fragmented to receive into: staged in the buffer
+            self._dropping_on_error(stream, lambda: stream.fill_to(header.frame_nbytes))
+            dest.copy_(decode_payload(header, stream.take(header.frame_nbytes)[HEADER_SIZE:]).tensor)
+        else:
+            stream.take(HEADER_SIZE)
+            sink = PayloadSink(segments, header.checksum_kind)
+            self._dropping_on_error(stream, lambda: self._finish_frame(stream, sink, header))
+            if sink.value != header.payload_checksum:
+                raise BadChecksum(f"payload checksum mismatch (layer {header.layer}, tokens {header.token_start}..)")
+        return KVBlock(header.layer, header.token_start, header.token_end, header.block_hash, dest)
+
+    @staticmethod
+    def _finish_frame(stream: Stream, sink: PayloadSink, header: FrameHeader) -> None:
+        stream.read_into(sink)
+        padding = header.frame_nbytes - HEADER_SIZE - header.payload_nbytes
+        stream.fill_to(padding)
+        stream.take(padding)
 
     def _drop(self, stream: Stream) -> None:
         self._selector.unregister(stream.sock)

@@ -1,7 +1,9 @@
-"""Decode side of a KV transfer: Layer Blocks arrive (possibly before the hand-off that names them) and
-are matched to requests by their chained hashes; once every layer of every block is in, they are
-assembled into one [2, tokens, kv_heads, head_dim] tensor per layer. A request whose blocks do not all
-arrive in time, or that was waiting when a corrupt block arrived, is recomputed from its token ids."""
+"""Decode side of a KV transfer: frames arrive (possibly before the hand-off that names them) and are
+matched to requests by chained hashes. A frame holds one layer's K and V for a run of consecutive blocks
+and carries its last block's hash, which names the whole run; once every layer of a request is covered
+from token 0 to its end, each layer's frames make one [2, tokens, kv_heads, head_dim] tensor (the frame's
+own when one covers it all). A request whose frames do not all arrive in time, or that was waiting when
+a corrupt frame arrived, is recomputed from its token ids."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from engine.handoff import Handoff
 from engine.kv_wire import KVBlock
 from engine.worker.kv_stream import wire_hashes
 from engine.worker.messages import KVCounters
+
+FrameKey = tuple[int, int]  # (hash of the frame's last block, layer)
 
 
 @dataclass
@@ -38,7 +42,7 @@ class KVAssembler:
     block_size: int
     timeout_s: float
     counters: KVCounters = field(default_factory=KVCounters)
-    _blocks: dict[tuple[int, int], list[tuple[KVBlock, float]]] = field(default_factory=lambda: defaultdict(list))
+    _frames: dict[FrameKey, list[tuple[KVBlock, float]]] = field(default_factory=lambda: defaultdict(list))
     _pending: dict[str, _Pending] = field(default_factory=dict)
 
     def expect(self, handoff: Handoff, now: float | None = None) -> None:
@@ -46,11 +50,11 @@ class KVAssembler:
         start = time.monotonic() if now is None else now
         self._pending[handoff.request_id] = _Pending(handoff, hashes, start + self.timeout_s)
 
-    def add(self, block: KVBlock, now: float | None = None) -> None:
-        self._blocks[(block.block_hash, block.layer)].append((block, time.monotonic() if now is None else now))
+    def add(self, frame: KVBlock, now: float | None = None) -> None:
+        self._frames[(frame.block_hash, frame.layer)].append((frame, time.monotonic() if now is None else now))
 
     def reject(self, reason: str) -> None:
-        """A corrupt block arrived: its request cannot be told, so every incomplete transfer is dropped."""
+        """A corrupt frame arrived: its request cannot be told, so every incomplete transfer is dropped."""
         self.counters.by_reason[reason] = self.counters.by_reason.get(reason, 0) + 1
         for pending in self._pending.values():
             pending.failed = "rejected"
@@ -60,8 +64,9 @@ class KVAssembler:
         now = time.monotonic() if now is None else now
         done = []
         for request_id, pending in list(self._pending.items()):
-            if pending.failed is None and self._complete(pending):
-                done.append(Assembled(pending.handoff, self._assemble(pending), "received"))
+            covers = None if pending.failed is not None else self._covers(pending)
+            if covers is not None:
+                done.append(Assembled(pending.handoff, self._assemble(covers), "received"))
                 self.counters.received += 1
             elif pending.failed is not None or now >= pending.deadline:
                 done.append(Assembled(pending.handoff, None, pending.failed or "timed_out"))
@@ -72,19 +77,51 @@ class KVAssembler:
         self._drop_stale(now)
         return done
 
-    def _complete(self, pending: _Pending) -> bool:
-        return all(self._blocks.get((h, layer)) for h in pending.hashes for layer in range(self.num_layers))
-
-    def _assemble(self, pending: _Pending) -> list[torch.Tensor]:
-        layers = []
+    def _covers(self, pending: _Pending) -> list[list[tuple[FrameKey, KVBlock]]] | None:
+        """Per layer, frames covering the request's tokens in order; None while a layer is not covered."""
+        covers = []
         for layer in range(self.num_layers):
-            parts = [self._blocks[(h, layer)].pop(0)[0] for h in pending.hashes]
-            layers.append(torch.cat([p.tensor for p in sorted(parts, key=lambda b: b.token_start)], dim=1))
+            cover = self._layer_cover(pending.hashes, len(pending.handoff.prompt_token_ids), layer)
+            if cover is None:
+                return None
+            covers.append(cover)
+        return covers
+
+    def _layer_cover(self, hashes: list[int], num_tokens: int, layer: int) -> list[tuple[FrameKey, KVBlock]] | None:
+        cover: list[tuple[FrameKey, KVBlock]] = []
+        position = 0
+        while position < num_tokens:
+            step = self._frame_at(hashes, num_tokens, layer, position)
+            if step is None:
+                return None
+            cover.append(step)
+            position = step[1].token_end
+        return cover
+
+    def _frame_at(self, hashes: list[int], num_tokens: int, layer: int,
+                  position: int) -> tuple[FrameKey, KVBlock] | None:
+        """The frame of `layer` starting at token `position` that reaches furthest: one ending on a block
+        whose hash it carries (a chained hash names the tokens of every block before it too)."""
+        for last in range(len(hashes) - 1, position // self.block_size - 1, -1):
+            key = (hashes[last], layer)
+            end = min((last + 1) * self.block_size, num_tokens)
+            for frame, _ in self._frames.get(key, ()):
+                if frame.token_start == position and frame.token_end == end:
+                    return key, frame
+        return None
+
+    def _assemble(self, covers: list[list[tuple[FrameKey, KVBlock]]]) -> list[torch.Tensor]:
+        layers = []
+        for cover in covers:
+            for key, frame in cover:
+                self._frames[key] = [(f, t) for f, t in self._frames[key] if f is not frame]
+            tensors = [frame.tensor for _, frame in cover]
+            layers.append(tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=1))
         return layers
 
     def _drop_stale(self, now: float) -> None:
-        """Blocks nobody claimed within the timeout (their hand-off went elsewhere or never came)."""
-        for key in list(self._blocks):
-            self._blocks[key] = [(b, t) for b, t in self._blocks[key] if now - t < 2 * self.timeout_s]
-            if not self._blocks[key]:
-                del self._blocks[key]
+        """Frames nobody claimed within the timeout (their hand-off went elsewhere or never came)."""
+        for key in list(self._frames):
+            self._frames[key] = [(f, t) for f, t in self._frames[key] if now - t < 2 * self.timeout_s]
+            if not self._frames[key]:
+                del self._frames[key]

@@ -1,9 +1,10 @@
 """Layer-wise KV streaming from a prefill worker: as soon as a layer of a finishing prefill is computed,
 its blocks are queued for a sender thread, so sending overlaps the remaining layers' compute.
 
-Every block on the wire, the trailing partial one included, carries the chained hash of its tokens (and
-of the masks that shaped its KV); the decode side computes the same hashes from the token ids it gets
-in the hand-off, which is how it matches blocks to requests."""
+Every block, the trailing partial one included, has the chained hash of its tokens (and of the masks
+that shaped its KV); the decode side computes the same hashes from the token ids it gets in the
+hand-off, which is how it matches frames to requests. A layer's consecutive blocks travel as one frame
+(or a few, as many as the transport's frames hold), which carries the hash of its last block."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.block_manager import hash_block_tokens
-from engine.kv_wire import FORMAT_VERSION, HEADER_SIZE, KVBlock, encode
+from engine.kv_wire import FORMAT_VERSION, HEADER_SIZE, KVBlock, encode, layer_runs
 from engine.llm_engine import LLMEngine
 from engine.mask import MaskedSpan, block_keys
 from engine.scheduler import ScheduledBatch
@@ -37,12 +38,20 @@ def wire_hashes(token_ids: Sequence[int], block_size: int, masked_spans: Sequenc
     return hashes
 
 
-def layer_blocks(kv: torch.Tensor, layer: int, hashes: list[int], block_size: int) -> list[KVBlock]:
-    """Split one layer's [2, tokens, kv_heads, head_dim] into Layer Blocks."""
-    num_tokens = kv.shape[1]
-    return [KVBlock(layer, start, min(start + block_size, num_tokens), block_hash,
-                    kv[:, start:start + block_size].contiguous())
-            for block_hash, start in zip(hashes, range(0, num_tokens, block_size), strict=True)]
+@dataclass(frozen=True)
+class LayerKV:
+    """One layer of a finishing prefill, queued for the sender thread: its KV and its blocks' hashes."""
+
+    layer: int
+    kv: torch.Tensor  # [2, tokens, kv_heads, head_dim]
+    hashes: list[int]
+
+    def runs(self, block_size: int, max_payload_bytes: int) -> list[KVBlock]:
+        return layer_runs(self.layer, self.kv, self.hashes, block_size, max_payload_bytes)
+
+    def first_blocks(self, count: int, block_size: int) -> LayerKV:
+        """Only the first `count` blocks (a transfer cut on purpose)."""
+        return LayerKV(self.layer, self.kv[:, :count * block_size], self.hashes[:count])
 
 
 @dataclass
@@ -78,7 +87,7 @@ class LayerStreamer:
         self._senders: dict[str, KVSender] = {}
         self.targets: dict[str, str] = {}  # request id -> decode worker's KV address
         self.stats: dict[str, TransferStats] = {}
-        self._queue: queue.SimpleQueue[tuple[str, TransferStats, str, list[KVBlock]] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[str, TransferStats, str, LayerKV] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._send_loop, name="kv-sender", daemon=True)
         self._thread.start()
 
@@ -97,8 +106,7 @@ class LayerStreamer:
             hashes = wire_hashes(seq.prompt_token_ids, self.engine.settings.block_size, seq.masked_spans)
             stats = self.stats.setdefault(seq.request_id, TransferStats())
             stats.queued()
-            blocks = layer_blocks(kv, layer, hashes, self.engine.settings.block_size)
-            self._queue.put((seq.request_id, stats, address, blocks))
+            self._queue.put((seq.request_id, stats, address, LayerKV(layer, kv, hashes)))
 
     def finish(self, request_id: str, timeout_s: float = 30.0) -> tuple[TransferStats, float]:
         """Wait until the request's KV is sent; (stats, seconds of sending left after compute ended)."""
@@ -109,12 +117,12 @@ class LayerStreamer:
             stats.done.wait(timeout_s)
         return stats, max(0.0, stats.last_sent_at - computed_at)
 
-    def _send_with_retry(self, request_id: str, address: str, blocks: list[KVBlock], stats: TransferStats) -> None:
+    def _send_with_retry(self, request_id: str, address: str, layer: LayerKV, stats: TransferStats) -> None:
         """A connection the receiver dropped (after a bad frame, say) is replaced once; if that fails too,
         the decode side times out and recomputes."""
         for attempt in (1, 2):
             try:
-                self._send(address, blocks, stats)
+                self._send(address, layer, stats)
                 return
             except (OSError, EOFError, TransportError) as error:
                 log.warning("KV transfer of %s to %s failed (attempt %d): %s", request_id, address, attempt, error)
@@ -123,16 +131,19 @@ class LayerStreamer:
                     with contextlib.suppress(OSError, TransportError):
                         stale.close()
 
-    def _send(self, address: str, blocks: list[KVBlock], stats: TransferStats) -> None:
+    def _send(self, address: str, layer: LayerKV, stats: TransferStats) -> None:
+        """The layer's blocks as runs of consecutive ones, one frame each (as many as the sender's frames hold)."""
         sender = self._senders.get(address) or self._senders.setdefault(address, self._connect(address))
         if self.fault in ("cut", "drop"):
-            blocks = blocks[: len(blocks) // 2] if self.fault == "cut" else []
-        for block in blocks:
-            if self.fault in ("corrupt_payload", "wrong_version"):
-                sender.send_frame(_faulty_frame(block, self.fault))
-            else:
-                sender.send(block)
-            stats.bytes += block.tensor.numel() * block.tensor.element_size()
+            count = len(layer.hashes) // 2 if self.fault == "cut" else 0
+            layer = layer.first_blocks(count, self.engine.settings.block_size)
+        runs = layer.runs(self.engine.settings.block_size, sender.coalesce_bytes)
+        if self.fault in ("corrupt_payload", "wrong_version"):
+            for run in runs:
+                sender.send_frame(_faulty_frame(run, self.fault))
+        else:
+            sender.send_many(runs)
+        stats.bytes += sum(run.tensor.nbytes for run in runs)
 
     def close(self) -> None:
         self._queue.put(None)
@@ -142,9 +153,9 @@ class LayerStreamer:
 
     def _send_loop(self) -> None:
         while (item := self._queue.get()) is not None:
-            request_id, stats, address, blocks = item  # the stats object itself: finish() may pop its entry
+            request_id, stats, address, layer = item  # the stats object itself: finish() may pop its entry
             started = time.monotonic()
-            self._send_with_retry(request_id, address, blocks, stats)
+            self._send_with_retry(request_id, address, layer, stats)
             stats.last_sent_at = time.monotonic()
             stats.send_seconds += stats.last_sent_at - started
             stats.sent()

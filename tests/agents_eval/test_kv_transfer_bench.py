@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agents_eval.kv_transfer_bench import (
+from agents_eval.bench.kv_transfer import (
     MEMCPY,
     NAIVE,
     RATIO_GOALS,
@@ -23,7 +23,7 @@ from agents_eval.kv_transfer_bench import (
 )
 from engine.transport import unavailable_reason
 
-SETTINGS = KVBenchSettings(layers=2, tokens=32, kv_heads=2, head_dim=8, frame_tokens=(16, 32), repeats=1)
+SETTINGS = KVBenchSettings(layers=2, tokens=32, kv_heads=2, head_dim=8, block_tokens=(16, 32), repeats=1)
 REPORT_KEYS = {"settings", "machine", "request_bytes", "results", "skipped", "ratios", "goals", "checksum"}
 
 
@@ -45,6 +45,9 @@ def test_report_holds_every_method_and_ratio(result: BenchResult) -> None:
             assert summary["verified"] and summary["gb_per_s"] > 0
             assert summary["runs_verified"] == summary["runs"] == SETTINGS.repeats + 1
             assert summary["latency_ms_min"] <= summary["latency_ms_median"] <= summary["latency_ms_max"]
+    for method in ("inproc", "shm", "tcp"):  # each layer's blocks travel as one frame
+        assert runs[method]["16"]["frames"] == runs[method]["32"]["frames"] == SETTINGS.layers
+    assert (runs[NAIVE]["16"]["frames"], runs[NAIVE]["32"]["frames"]) == (4, 2)  # one pickle per block
     assert ("rdma" in report["skipped"]) == (unavailable_reason("rdma") is not None)
     assert set(report["ratios"]) == {"16", "32"} and set(report["ratios"]["16"]) == set(RATIO_GOALS)
     assert report["checksum"]["gb_per_s"] > 0
@@ -52,7 +55,8 @@ def test_report_holds_every_method_and_ratio(result: BenchResult) -> None:
 
 @pytest.mark.slow
 def test_markdown_and_chart(result: BenchResult) -> None:
-    assert "| method | tokens per frame | GB/s | latency ms (median) | min | max | bytes verified |" in result.markdown
+    assert ("| method | tokens per block | frames | GB/s | latency ms (median) | min | max | bytes verified |"
+            in result.markdown)
     assert "| shm_vs_naive | 16 |" in result.markdown
     assert result.files.chart.read_bytes().startswith(b"\x89PNG")
 
@@ -60,10 +64,10 @@ def test_markdown_and_chart(result: BenchResult) -> None:
 def test_arguments_and_validation() -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    args = parser.parse_args(["--out", "x", "--frame-tokens", "16,64", "--transports", "shm,tcp"])
-    assert (args.frame_tokens, args.transports, args.layers, args.dtype) == ("16,64", "shm,tcp", 16, "float16")
+    args = parser.parse_args(["--out", "x", "--block-tokens", "16,64", "--transports", "shm,tcp"])
+    assert (args.block_tokens, args.transports, args.layers, args.dtype) == ("16,64", "shm,tcp", 16, "float16")
     with pytest.raises(ValueError, match="multiple"):
-        KVBenchSettings(tokens=100, frame_tokens=(16,)).validate()
+        KVBenchSettings(tokens=100, block_tokens=(16,)).validate()
     with pytest.raises(ValueError, match="unknown transports"):
         KVBenchSettings(transports=("pigeon",)).validate()
     with pytest.raises(ValueError):
@@ -72,16 +76,17 @@ def test_arguments_and_validation() -> None:
 
 def test_every_run_is_verified_on_a_zeroed_destination() -> None:
     """A receiver that delivers the bytes only on its first run: later runs must not pass on what it left."""
-    settings = KVBenchSettings(layers=2, tokens=32, kv_heads=2, head_dim=8, frame_tokens=(16,), repeats=3)
+    settings = KVBenchSettings(layers=2, tokens=32, kv_heads=2, head_dim=8, block_tokens=(16,), repeats=3)
     control, _ = multiprocessing.Pipe()
     bench = Bench(settings, control)
     runs: list[int] = []
 
-    def deliver(dest: Cache, every_run: bool) -> None:
+    def deliver(dest: Cache, every_run: bool) -> int:
         if every_run or not runs:
             for target, kv in zip(dest, bench.source, strict=True):
                 target.copy_(kv)
         runs.append(1)
+        return len(dest)
 
     first_only = bench.timed(lambda: None, lambda dest: deliver(dest, every_run=False))
     assert (first_only["runs"], first_only["runs_verified"], first_only["verified"]) == (4, 1, False)

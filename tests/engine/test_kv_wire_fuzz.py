@@ -1,9 +1,11 @@
 """Property tests of the KV block wire format: whatever bytes arrive, a receiver gets a block or a
 `KVWireError` (which it counts and answers by recomputing), never another exception; every block that
-round-trips is byte-exact; every single-byte corruption of a header or payload is rejected."""
+round-trips is byte-exact, a coalesced run of blocks included; every single-byte corruption of a header or
+payload is rejected, by the in-place decode and by the strided copy into the receiver's own tensor."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import struct
 import zlib
@@ -22,10 +24,13 @@ from engine.kv_wire import (
     ExpectedShape,
     KVBlock,
     KVWireError,
+    coalesce,
     decode,
+    decode_into,
     encode,
     encode_into,
     frame_nbytes,
+    parse_header,
     payload_nbytes,
 )
 
@@ -39,7 +44,7 @@ def crafted_frame(version: int, dtype_code: int, checksum_code: int, layer: int,
                   ndim: int, block_hash: int, dims: list[int], payload: bytes, declared_nbytes: int | None) -> bytes:
     """A frame with any field values and a correct header checksum, so decoding gets past the framing."""
     nbytes = len(payload) if declared_nbytes is None else declared_nbytes
-    checksum = CHECKSUMS.get(ChecksumKind(checksum_code), zlib.crc32)(payload) if checksum_code in (1, 2) else 0
+    checksum = CHECKSUMS.get(ChecksumKind(checksum_code), zlib.crc32)(payload, 0) if checksum_code in (1, 2) else 0
     body = struct.pack("!4sHBBIIIB3xQ4IQI", MAGIC, version, dtype_code, checksum_code, layer, start, end, ndim,
                        block_hash, *dims, nbytes, checksum)
     return body + struct.pack("!I", zlib.crc32(body)) + payload + bytes(-len(payload) % 64)
@@ -138,3 +143,54 @@ def test_a_cut_frame_is_rejected(block: KVBlock, data: st.DataObject) -> None:
     frame = encode(block).tobytes()
     cut = data.draw(st.integers(0, HEADER_SIZE + block.tensor.nbytes - 1), label="cut at")
     assert decode_or_reject(frame[:cut]) is None
+
+
+def decode_into_or_reject(frame: bytes | bytearray, dest: torch.Tensor) -> KVBlock | None:
+    try:
+        view = memoryview(frame)
+        return decode_into(parse_header(view), view[HEADER_SIZE:], dest)
+    except KVWireError:
+        return None
+
+
+@st.composite
+def split_layers(draw: st.DrawFn) -> tuple[torch.Tensor, list[KVBlock]]:
+    """One layer's [2, tokens, heads, dim] cut into consecutive blocks: views of it, or copies."""
+    tokens, heads, dim = draw(st.integers(1, 40)), draw(st.integers(1, 3)), draw(st.integers(1, 8))
+    layer = torch.randn(2, tokens, heads, dim, generator=torch.Generator().manual_seed(draw(st.integers(0, 99))))
+    cuts = sorted(set(draw(st.lists(st.integers(1, tokens - 1), max_size=6)) if tokens > 1 else []))
+    bounds = [0, *cuts, tokens]
+    as_views = draw(st.booleans())
+    blocks = [KVBlock(7, start, end, draw(st.integers(0, 2**64 - 1)),
+                      layer[:, start:end] if as_views else layer[:, start:end].clone())
+              for start, end in itertools.pairwise(bounds)]
+    return layer, blocks
+
+
+@FUZZ
+@given(split=split_layers(), limit=st.integers(1, 1 << 14))
+def test_coalesced_runs_round_trip_and_cover_the_layer(split: tuple[torch.Tensor, list[KVBlock]],
+                                                        limit: int) -> None:
+    layer, blocks = split
+    runs = list(coalesce(blocks, limit))
+    assert [r.token_start for r in runs[1:]] == [r.token_end for r in runs[:-1]]
+    assert runs[0].token_start == 0 and runs[-1].token_end == layer.shape[1]
+    ends = {b.token_end: b.block_hash for b in blocks}
+    for run in runs:
+        assert run.block_hash == ends[run.token_end]  # the run's last block names it
+        single = any((b.token_start, b.token_end) == (run.token_start, run.token_end) for b in blocks)
+        assert run.tensor.nbytes <= limit or single  # only a block larger than the limit exceeds it
+    received = torch.cat([decode(encode(run).tobytes()).tensor for run in runs], dim=1)
+    assert same_bytes(received, layer)
+
+
+@FUZZ
+@given(block=blocks(), data=st.data())
+def test_decode_into_round_trips_and_rejects_any_changed_byte(block: KVBlock, data: st.DataObject) -> None:
+    frame = bytearray(encode(block).tobytes())
+    dest = torch.zeros_like(block.tensor)
+    got = decode_into_or_reject(frame, dest)
+    assert got is not None and got.tensor is dest and same_bytes(dest, block.tensor)
+    at = data.draw(st.integers(0, HEADER_SIZE + block.tensor.nbytes - 1), label="byte")
+    frame[at] ^= data.draw(st.integers(1, 255), label="xor")
+    assert decode_into_or_reject(frame, torch.zeros_like(block.tensor)) is None
