@@ -123,6 +123,7 @@ BENCHMARKS = {
     "peer": ("agents_eval.bench.peer", "llama.cpp against agentserve on the same GGUF file, same threads"),
     "batcher": ("agents_eval.bench.batcher", "SLO-deadline batching with session fairness against FCFS"),
     "faults": ("agents_eval.bench.faults", "faults under load: workers, Redis, a replica killed; nothing lost"),
+    "soak": ("agents_eval.bench.soak", "long agent load: memory, descriptors and latency stay flat"),
 }
 
 
