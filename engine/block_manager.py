@@ -1,17 +1,24 @@
-"""Paged KV cache accounting: a block pool with chained-hash prefix caching. Pure policy, no torch.
+"""Paged KV cache accounting: per-request blocks over the pool of engine/kv_cache/block_pool.py, with
+chained-hash prefix caching. Pure policy, no torch.
 
 A full block is identified by the hash of its tokens chained to its parent block's hash, so equal hashes
-mean equal prefixes. Blocks no request holds sit in an LRU free queue; a cached one there keeps its hash
-and can be reused ("touched") until it is popped for another allocation, which evicts its hash.
+mean equal prefixes. Blocks no request holds are free; a cached one keeps its hash and can be reused
+("touched") until it is taken for another allocation, which evicts its hash. Without an eviction policy the
+free blocks form one LRU queue; with one (engine.kv_cache.policy), blocks without a hash go first, then the
+policy's victim. An evicted block is handed to `on_evict` first (demotion to a lower tier), and a prefix
+that misses the pool is looked up in the lower tiers (`LowerTiers`) and loaded where that is worth it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import struct
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+
+from engine.kv_cache.block_pool import BlockPool, KVCacheBlock, LowerTiers
+from engine.kv_cache.policy import EvictionPolicy
 
 ExtraKeys = tuple[int | str, ...]
 BlockKeys = Callable[[int], ExtraKeys]  # block index -> the extra keys of that block
@@ -52,13 +59,6 @@ class PrefixCacheStats:
     hits: int = 0  # of those, tokens found cached
 
 
-@dataclass(eq=False)
-class KVCacheBlock:
-    block_id: int
-    ref_cnt: int = 0
-    block_hash: int | None = None  # set only while this block is the hash table's entry for it
-
-
 @dataclass
 class HeldBlocks:
     """Blocks (one reference each) and their chained hashes, held by something other than a request."""
@@ -67,73 +67,19 @@ class HeldBlocks:
     block_hashes: list[int] = field(default_factory=list)
 
 
-class BlockPool:
-    """All blocks, the LRU queue of those no request holds, and the hash -> cached block table."""
-
-    def __init__(self, num_blocks: int) -> None:
-        self.blocks = [KVCacheBlock(block_id) for block_id in range(num_blocks)]
-        self.free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
-        self.cached: dict[int, KVCacheBlock] = {}
-
-    @property
-    def num_free(self) -> int:
-        return len(self.free_queue)
-
-    def lookup(self, block_hash: int) -> KVCacheBlock | None:
-        return self.cached.get(block_hash)
-
-    def take(self, num_blocks: int) -> list[KVCacheBlock]:
-        """Pop the least recently freed blocks, evicting their hashes; each gets one reference."""
-        if num_blocks > self.num_free:
-            raise ValueError(f"asked for {num_blocks} blocks, {self.num_free} free")
-        return [self._pop_free() for _ in range(num_blocks)]
-
-    def _pop_free(self) -> KVCacheBlock:
-        _, block = self.free_queue.popitem(last=False)
-        if block.block_hash is not None:
-            del self.cached[block.block_hash]
-            block.block_hash = None
-        block.ref_cnt = 1
-        return block
-
-    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """Add a reference; a free cached block leaves the free queue instead of being evicted."""
-        for block in blocks:
-            if block.ref_cnt == 0:
-                del self.free_queue[block.block_id]
-            block.ref_cnt += 1
-
-    def release(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """Drop a reference; blocks reaching zero join the queue's tail in the order given."""
-        for block in blocks:
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                self.free_queue[block.block_id] = block
-
-    def cache(self, block: KVCacheBlock, block_hash: int) -> None:
-        """Register a full block; the first block registered under a hash keeps the entry."""
-        if block.block_hash is None and block_hash not in self.cached:
-            block.block_hash = block_hash
-            self.cached[block_hash] = block
-
-    def reset(self) -> bool:
-        if self.num_free < len(self.blocks):
-            return False
-        for block in self.cached.values():
-            block.block_hash = None
-        self.cached.clear()
-        return True
-
-
 class KVCacheManager:
     """Per-request block lists on top of a BlockPool; the scheduler's only view of the KV cache."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 policy: EvictionPolicy | None = None, tiers: LowerTiers | None = None) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.pool = BlockPool(num_blocks)
+        self.pool = BlockPool(num_blocks, policy)
+        self.tiers: LowerTiers | None = None
+        if tiers is not None:
+            self.set_tiers(tiers)
         self.stats = PrefixCacheStats()
         self.req_blocks: dict[str, list[KVCacheBlock]] = {}
         self.req_block_hashes: dict[str, list[int]] = {}
@@ -156,20 +102,61 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return KVCacheBlocks(), 0
         max_blocks = (len(token_ids) - 1) // self.block_size
-        blocks = self._cached_prefix(self._block_hashes(token_ids, extra_keys, None, 0, max_blocks))
+        hashes = self._block_hashes(token_ids, extra_keys, None, 0, max_blocks)
+        blocks, first_miss = self._cached_prefix(hashes)
+        self.pool.accessed(blocks)
+        if self.tiers is not None and first_miss is not None:
+            blocks += self._load_from_tiers(blocks, [first_miss, *hashes])
         num_computed_tokens = len(blocks) * self.block_size
         self.stats.queries += len(token_ids)
         self.stats.hits += num_computed_tokens
         return KVCacheBlocks(tuple(block.block_id for block in blocks)), num_computed_tokens
 
-    def _cached_prefix(self, block_hashes: Iterable[int]) -> list[KVCacheBlock]:
-        blocks = []
+    def set_tiers(self, tiers: LowerTiers) -> None:
+        """Demote evicted blocks into lower tiers and look prefix misses up there."""
+        self.tiers = tiers
+        self.pool.on_evict = lambda block: tiers.demote(block.block_hash, block.block_id)  # type: ignore[arg-type]
+
+    def promote(self, block_hashes: Sequence[int]) -> int:
+        """Bring the chain's blocks that only lower tiers hold back into the pool, as free cached blocks
+        (a prefetch); returns how many were loaded."""
+        if self.tiers is None:
+            return 0
+        hashes = iter(block_hashes)
+        blocks, first_miss = self._cached_prefix(hashes)
+        return 0 if first_miss is None else len(self._load_from_tiers(blocks, [first_miss, *hashes]))
+
+    def _cached_prefix(self, block_hashes: Iterator[int]) -> tuple[list[KVCacheBlock], int | None]:
+        """Leading blocks found in the pool, and the hash of the first one missing (None: no miss); the
+        iterator is left just past that miss."""
+        blocks: list[KVCacheBlock] = []
         for block_hash in block_hashes:
             block = self.pool.lookup(block_hash)
             if block is None:
-                break
+                return blocks, block_hash
             blocks.append(block)
-        return blocks
+        return blocks, None
+
+    def _load_from_tiers(self, prefix: list[KVCacheBlock], chain: list[int]) -> list[KVCacheBlock]:
+        """Load the leading blocks of the missed chain that a lower tier holds and that are cheaper to load
+        than to recompute; the prefix is held meanwhile, so making room never evicts it."""
+        assert self.tiers is not None
+        count = self.tiers.loadable(chain)
+        if count == 0:
+            return []
+        self.pool.touch(prefix)
+        loaded: list[KVCacheBlock] = []
+        parent = prefix[-1].block_hash if prefix else None
+        for block_hash in itertools.islice(chain, min(count, self.pool.num_free)):
+            block = self.pool.take(1)[0]
+            if not self.tiers.load(block_hash, block.block_id):
+                self.pool.release([block])
+                break
+            self.pool.cache(block, block_hash, parent)
+            loaded.append(block)
+            parent = block_hash
+        self.pool.release(reversed(prefix + loaded))
+        return loaded
 
     def _block_hashes(
         self, token_ids: Sequence[int], extra_keys: ExtraKeys | BlockKeys, parent: int | None, start: int, stop: int
@@ -221,8 +208,10 @@ class KVCacheManager:
         hashes = self.req_block_hashes.setdefault(request_id, [])
         start, stop = len(hashes), num_tokens // self.block_size
         hashes.extend(self._block_hashes(token_ids, extra_keys, hashes[-1] if hashes else None, start, stop))
-        for block, block_hash in zip(self.req_blocks[request_id][start:stop], hashes[start:], strict=True):
-            self.pool.cache(block, block_hash)
+        parents = [hashes[index - 1] if index else None for index in range(start, stop)]
+        for block, block_hash, parent in zip(self.req_blocks[request_id][start:stop], hashes[start:], parents,
+                                             strict=True):
+            self.pool.cache(block, block_hash, parent)
 
     def free(self, request_id: str) -> None:
         """Drop the request's references, tail block first so prefixes outlive tails in the cache."""

@@ -9,12 +9,15 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import yaml
+from pydantic import Field
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     YamlConfigSettingsSource,
 )
+
+from engine.kv_cache.settings import KVCacheSettings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIGS_DIR = REPO_ROOT / "configs"
@@ -143,3 +146,5 @@ class EngineSettings(YamlSettings):
     gguf_weights: Literal["dequantize", "quantized"] = "dequantize"
     # Queue order: fcfs (arrival order) or slo (VIP, TTFT deadline and session fairness; see engine/batcher.py)
     queue_policy: Literal["fcfs", "slo"] = "fcfs"
+    # KV tiers below the device pool and the eviction policy (see engine/kv_cache/settings.py)
+    kv_cache: KVCacheSettings = Field(default_factory=KVCacheSettings)

@@ -4,7 +4,8 @@ turn adopts them and computes only its new tokens. Pure policy, no torch.
 A pin holds one reference on each block of the finished turn, including the partly filled last block
 that prefix hashing cannot find. It ends when its time-to-live runs out, when the session's next turn
 adopts it, or under memory pressure (earliest expiry first); then its blocks fall back to normal LRU
-eviction, still findable by hash. VIP pins are never released for pressure, only by expiry or adoption.
+eviction, still findable by hash. VIP pins are never released for pressure, only by expiry or adoption, and
+their blocks are marked VIP for the eviction policy (engine.kv_cache.policy), which never picks them.
 """
 
 from __future__ import annotations
@@ -45,7 +46,10 @@ class SessionPins:
             now: float) -> None:
         """Move the finished request's blocks into the session's pin, replacing an older one."""
         self.unpin(key)
-        self.pins[key] = Pin(self.kv.detach(request_id), tuple(token_ids), now + ttl_s, vip)
+        held = self.kv.detach(request_id)
+        if vip:  # the eviction policy never picks a VIP session's blocks, pinned or not
+            self.kv.pool.accessed(held.blocks, vip=True)
+        self.pins[key] = Pin(held, tuple(token_ids), now + ttl_s, vip)
         self.stats.pinned += 1
 
     def set_ttl(self, key: str, ttl_s: float, now: float) -> bool:

@@ -8,13 +8,15 @@ import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from engine.batcher import make_queue_policy
 from engine.block_manager import HeldBlocks, KVCacheManager
 from engine.config import EngineSettings
+from engine.kv_cache.engine_tiers import TierHooks, make_tier_hooks
+from engine.kv_cache.policy import make_policy
 from engine.loader import load_model
 from engine.mask import MaskedSpan
 from engine.model_runner import ModelRunner
@@ -77,11 +79,17 @@ class LLMEngine:
         self.slo = slo or load_slo_config()
         self.validator = RequestValidator(self.config, self.tokenizer, settings.block_size, self.num_blocks,
                                           frozenset(self.slo.classes))
-        self.kv = KVCacheManager(self.num_blocks, settings.block_size, settings.enable_prefix_caching)
+        kv_settings = settings.kv_cache
+        policy = make_policy("lfu", kv_settings.weights) if kv_settings.eviction == "lfu" else None  # None: LRU
+        self.kv = KVCacheManager(self.num_blocks, settings.block_size, settings.enable_prefix_caching, policy)
         self.scheduler = Scheduler(self.kv, settings.max_num_batched_tokens, settings.max_num_seqs,
                                    policy=make_queue_policy(settings.queue_policy, self.slo))
         self.runner = ModelRunner(loaded.model, self.config, self.num_blocks, settings.block_size, dtype,
                                   settings.device)
+        self.tiers: TierHooks | None = make_tier_hooks(kv_settings, self.runner, self._identity(model),
+                                                       lambda: self.step_timer.prefill_tokens_per_s)
+        if self.tiers is not None:
+            self.kv.set_tiers(self.tiers.tiers)
         eos = self.config.eos_token_ids or _tuple(self.tokenizer.eos_token_id if self.tokenizer else None)
         self.outputs = OutputProcessor(self.tokenizer or _NoText(), eos, self.max_model_len)
         self._seqs: dict[str, Sequence] = {}
@@ -89,6 +97,11 @@ class LLMEngine:
         self._next_id = itertools.count()
         self.step_timer = StepTimer()
         self.capacity: CapacityLoop | None = None  # one worker does both jobs: no capacity controller
+
+    def _identity(self, model: str) -> dict[str, object]:
+        """What makes this engine's KV differ from another's: the stores' namespace (engine.kv_cache.keys)."""
+        return {"model": str(self.checkpoint or model), "config": self.config, "dtype": self.settings.dtype,
+                "block_size": self.settings.block_size}
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         return self.validator.tokenize(prompt)
@@ -138,6 +151,8 @@ class LLMEngine:
     def step(self, on_layer: Callable[[ScheduledBatch, int], None] | None = None) -> list[RequestOutput]:
         """One scheduling step; on_layer(batch, layer) runs after each layer (layer-wise KV streaming)."""
         started = time.monotonic()
+        if self.tiers is not None:
+            self.tiers.promote_due(self.kv, started)
         batch = self.scheduler.schedule(started)
         if not batch.seqs:
             return self._finish_unschedulable()
@@ -171,12 +186,28 @@ class LLMEngine:
             state = self.runner.sampler.get_state(seq.request_id)
             self.prefilled[seq.request_id] = Prefilled(seq, self.kv.detach(seq.request_id), state)
         self.scheduler.finish(seq, reason, time.monotonic())
+        if self.tiers is not None and seq.session is not None and reason != "abort":
+            self._persist_turn(self.tiers, seq.session.key)
         self.runner.sampler.remove_request(seq.request_id)
         del self._seqs[seq.request_id]
 
+    def _persist_turn(self, tiers: TierHooks, key: str) -> None:
+        """A session's finished turn, now pinned: its full blocks go through to the persistent tier."""
+        pin = self.scheduler.pins.pins.get(key)
+        if pin is not None:
+            tiers.turn_finished(key, pin.held)
+
     def set_session_ttl(self, key: str, ttl_s: float) -> bool:
-        """Re-time the KV pin of a session's last turn; False when it holds none."""
-        return self.scheduler.pins.set_ttl(key, ttl_s, time.monotonic())
+        """Re-time the KV pin of a session's last turn (False when it holds none); with lower KV tiers, its
+        KV is also promoted back to the device shortly before the tool result is due (a share of the TTL)."""
+        now = time.monotonic()
+        if self.tiers is not None:
+            self.tiers.prefetch.schedule(key, now + ttl_s * self.settings.kv_cache.prefetch_ttl_share)
+        return self.scheduler.pins.set_ttl(key, ttl_s, now)
+
+    def kv_tier_stats(self) -> dict[str, Any] | None:
+        """Per-tier counters of the KV hierarchy (engine.kv_cache.engine_tiers.TierHooks.stats); None: no tiers."""
+        return self.tiers.stats() if self.tiers is not None else None
 
     def stats(self) -> EngineStats:
         queues = queue_stats(list(self.scheduler.running), list(self.scheduler.waiting), time.monotonic())
@@ -189,7 +220,10 @@ class LLMEngine:
         """Nothing to do: a colocated step never blocks waiting for events."""
 
     def shutdown(self, deadline_s: float = 10.0) -> None:
-        """Nothing to stop: the engine lives in this process."""
+        """Nothing to stop (the engine lives in this process); the device's cached KV is written through to
+        the persistent tier, so a restarted engine continues its sessions."""
+        if self.tiers is not None:
+            self.tiers.flush(self.kv)
 
     def update_signals(self, signals: AgentSignals) -> None:
         """Nothing to steer: one worker does both jobs."""

@@ -27,12 +27,21 @@ from gateway.session_store import open_session_store
 from gateway.sessions import SessionManager
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
+from gateway.upstream.engine import UpstreamEngine
+from gateway.upstream.front import TokenizerFront
+from gateway.upstream.masks import MaskHeaders
+from gateway.upstream.metrics import UpstreamMetrics
+from gateway.upstream.pool import UpstreamPool
+from gateway.upstream.request import UpstreamSessions
 from trajectory.agent import Policies
 from trajectory.template import load_chat_template
 
 
 def build_engine(settings: GatewaySettings) -> ServingEngine:
-    """The embedded engine: colocated, or worker processes when the config says disaggregated."""
+    """The embedded engine: colocated, or worker processes when the config says disaggregated; with upstreams,
+    the model's tokenizer front only."""
+    if settings.upstreams:
+        return TokenizerFront(settings.model)
     if not settings.disaggregated:
         return LLMEngine(settings.model, EngineSettings())
     from engine.worker.coordinator import DisaggregatedEngine  # worker processes: only when asked
@@ -45,16 +54,26 @@ def build_state(settings: GatewaySettings, engine: ServingEngine) -> GatewayStat
         raise ValueError(f"model {settings.model} has no tokenizer; the gateway needs one to serve chat")
     template = load_chat_template(engine.checkpoint)
     store = open_session_store(settings.redis_url)
-    sessions = SessionManager(store, template, engine.tokenizer, Policies.load(), settings.session_ttl_s)
+    metrics = Metrics()
+    async_engine = serving_engine(settings, engine, metrics)
+    manager = UpstreamSessions if isinstance(async_engine, UpstreamEngine) else SessionManager
+    sessions = manager(store, template, engine.tokenizer, Policies.load(), settings.session_ttl_s)
     limits = settings.limits
-    async_engine = AsyncLLMEngine(engine)
     admission = AdmissionController(limits.ttft_slo_s, limits.initial_prefill_tokens_per_s)
     signals = load_signals(settings, async_engine)
     signals.watch(admission)  # the admitted work is the capacity controller's demand
     holds = HoldLimits(limits.max_sessions_per_key, limits.max_websockets_per_key)
     return GatewayState(settings, async_engine, engine.tokenizer, sessions,
                         KeyRing.from_config(settings.api_keys, settings.auth_enabled, holds),
-                        open_rate_limiter(settings.redis_url), admission, Metrics(), signals)
+                        open_rate_limiter(settings.redis_url), admission, metrics, signals)
+
+
+def serving_engine(settings: GatewaySettings, engine: ServingEngine, metrics: Metrics) -> AsyncLLMEngine:
+    """The engine seam of `gateway.serving`: the embedded engine's, or the upstream pool's."""
+    if not isinstance(engine, TokenizerFront):
+        return AsyncLLMEngine(engine)
+    pool = UpstreamPool(settings.upstreams, settings.upstream)
+    return UpstreamEngine(engine, pool, UpstreamMetrics(metrics.registry), settings.model_name)
 
 
 def load_signals(settings: GatewaySettings, engine: AsyncLLMEngine) -> LoadSignals:
@@ -84,6 +103,8 @@ def create_app(settings: GatewaySettings | None = None, engine: ServingEngine | 
             yield
         finally:
             await state.signals.stop()
+            if isinstance(state.engine, UpstreamEngine):
+                await state.engine.close()
             state.engine.shutdown()
             await state.sessions.store.close()
             await state.limiter.close()
@@ -94,6 +115,8 @@ def create_app(settings: GatewaySettings | None = None, engine: ServingEngine | 
     for router in (chat.router, ops.router, responses.router, responses_ws.router, admin.router):
         app.include_router(router)
     app.add_middleware(Guard, state=state)
+    if isinstance(state.engine, UpstreamEngine):
+        app.add_middleware(MaskHeaders)
     return app
 
 

@@ -4,9 +4,11 @@ numbers become counter increments in `sync_engine`."""
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
@@ -255,11 +257,55 @@ class Metrics:
         self.gauges.forecaster.labels(forecaster, reason).set(1)
         self.counters.load_signal_failures.inc(self._failures.delta("signals", failures))
 
+    def sync_kv_tiers(self, stats: Mapping[str, Any] | None, source: str = "engine") -> None:
+        """The engine's KV tier counters (`LLMEngine.kv_tier_stats()`; None: no tiers). A tier's hit ratio is
+        kvcache_tier_hits_total / kvcache_tier_queries_total, both per `tier` label."""
+        if stats is None:
+            return
+        tiers = self._tiers
+        for tier, counts in stats["tiers"].items():
+            for name, counter in tiers.counters.items():
+                counter.labels(tier).inc(tiers.baseline.delta(f"{source}:{tier}:{name}", counts[name]))
+            tiers.blocks.labels(tier).set(counts["blocks"])
+            tiers.bytes.labels(tier).set(counts["bytes"])
+        for outcome in ("loaded", "recomputed"):
+            tiers.decisions.labels(outcome).inc(tiers.baseline.delta(f"{source}:{outcome}", stats[outcome]))
+
+    @functools.cached_property
+    def _tiers(self) -> TierMetrics:
+        return TierMetrics.register(self.registry)
+
     def render(self) -> tuple[bytes, str]:
         """The `/metrics` body and its content type: always the classic text format, whatever the scraper's
         `Accept` asks. prometheus_client's OpenMetrics encoder turns `:` into `_` in sample lines but not in
         HELP/TYPE (prometheus/client_python#1177), which breaks every `agentserve:` name."""
         return generate_latest(WithoutCreated(self.registry)), TEXT_CONTENT_TYPE
+
+
+@dataclass
+class TierMetrics:
+    """Per-tier KV hierarchy metrics, registered on the first `sync_kv_tiers` (engines without tiers have none)."""
+
+    counters: dict[str, Counter]  # TierStats field -> counter labelled by tier
+    blocks: Gauge
+    bytes: Gauge
+    decisions: Counter
+    baseline: CumulativeBaseline = field(default_factory=CumulativeBaseline)
+
+    @classmethod
+    def register(cls, registry: CollectorRegistry) -> TierMetrics:
+        docs = {"queries": ("kvcache_tier_queries_total", "Block lookups that reached a KV tier."),
+                "hits": ("kvcache_tier_hits_total", "Block lookups a KV tier answered."),
+                "promoted": ("kvcache_promoted_blocks_total", "Blocks read out of a tier back to the device."),
+                "demoted": ("kvcache_demoted_blocks_total", "Blocks written down into a tier."),
+                "skipped": ("kvcache_tier_skipped_total", "Tier operations skipped while it was unavailable."),
+                "corrupt": ("kvcache_corrupt_blocks_total", "Stored blocks that failed their checks (recomputed).")}
+        counters = {field_name: Counter(PREFIX + name, doc, ("tier",), registry=registry)
+                    for field_name, (name, doc) in docs.items()}
+        return cls(counters, Gauge(PREFIX + "kvcache_blocks", "KV blocks a tier holds.", ("tier",), registry=registry),
+                   Gauge(PREFIX + "kvcache_bytes", "Bytes of KV a tier holds.", ("tier",), registry=registry),
+                   Counter(PREFIX + "kvcache_load_decisions_total", "Blocks a lower tier held, by outcome: loaded, "
+                           "or recomputed (cheaper than loading).", ("outcome",), registry=registry))
 
 
 def _now(now: float | None) -> float:

@@ -2,7 +2,8 @@
 role split (`agentserve:num_workers{role}`) and the capacity alerts firing (`agentserve:capacity_alert{alert}`
 at 1). A metric is named with or without the `agentserve:` prefix, by sample name (`..._total`) or family
 name; a histogram shows its count, sum and mean; the ratios in DERIVED are computed from two counters.
-In the live view monotonic rows also show their rate per second since the previous scrape."""
+In the live view monotonic rows also show their rate per second since the previous scrape. Below, the KV
+tiers (host, disk, redis) with their hit ratio, blocks and bytes held, promotions and demotions."""
 
 from __future__ import annotations
 
@@ -28,6 +29,13 @@ DERIVED = {  # name -> (numerator, denominator) counters
     "cached_prompt_ratio": (f"{PREFIX}cached_tokens_total", f"{PREFIX}prompt_tokens_total"),
 }
 WORKERS, ALERTS = f"{PREFIX}num_workers", f"{PREFIX}capacity_alert"
+TIER_COLUMNS = {  # column -> sample, per `tier` label (gateway.metrics.TierMetrics)
+    "queries": f"{PREFIX}kvcache_tier_queries_total", "hits": f"{PREFIX}kvcache_tier_hits_total",
+    "blocks": f"{PREFIX}kvcache_blocks", "bytes": f"{PREFIX}kvcache_bytes",
+    "promoted": f"{PREFIX}kvcache_promoted_blocks_total", "demoted": f"{PREFIX}kvcache_demoted_blocks_total",
+    "skipped": f"{PREFIX}kvcache_tier_skipped_total",
+}
+LOAD_DECISIONS = f"{PREFIX}kvcache_load_decisions_total"
 MONOTONIC_SUFFIXES = ("_total", "_count", "_sum")
 Labels = tuple[tuple[str, str], ...]
 
@@ -128,6 +136,32 @@ def active_alerts(scrape: Scrape) -> list[str]:
     return sorted(dict(s.labels).get("alert", "?") for s in scrape.samples.get(ALERTS, []) if s.value >= 1)
 
 
+def kv_tiers(scrape: Scrape) -> dict[str, dict[str, float]]:
+    """Per tier: the TIER_COLUMNS values and its hit ratio; empty when the engine has no lower tiers."""
+    tiers: dict[str, dict[str, float]] = defaultdict(dict)
+    for column, name in TIER_COLUMNS.items():
+        for sample in scrape.samples.get(name, []):
+            tiers[dict(sample.labels).get("tier", "?")][column] = sample.value
+    for values in tiers.values():
+        values["hit_ratio"] = values.get("hits", 0.0) / values["queries"] if values.get("queries") else 0.0
+    return dict(tiers)
+
+
+def _tier_table(scrape: Scrape) -> RenderableType:
+    tiers = kv_tiers(scrape)
+    if not tiers:
+        return Text("kv tiers: none")
+    table = Table(title="KV tiers")
+    columns = ["hit_ratio", "blocks", "bytes", "promoted", "demoted", "skipped"]
+    for column in ["tier", *columns]:
+        table.add_column(column, justify="left" if column == "tier" else "right")
+    for tier, values in sorted(tiers.items()):
+        table.add_row(tier, *(format_value(values.get(column)) for column in columns))
+    decisions = {dict(s.labels).get("outcome", "?"): s.value for s in scrape.samples.get(LOAD_DECISIONS, [])}
+    loaded, recomputed = (format_value(decisions.get(k, 0.0)) for k in ("loaded", "recomputed"))
+    return Group(table, Text(f"blocks loaded {loaded}, recomputed {recomputed}"))
+
+
 def format_value(value: float | None) -> str:
     if value is None:
         return "n/a"
@@ -153,7 +187,8 @@ def render(scrape: Scrape, metric: str, previous: Scrape | None = None, elapsed_
     roles = role_split(scrape)
     split = ", ".join(f"{role} {format_value(count)}" for role, count in sorted(roles.items())) or "not exported"
     alerts = active_alerts(scrape)
-    return Group(table, Text(f"workers: {split}"), Text(f"alerts: {', '.join(alerts) or 'none'}"))
+    return Group(table, Text(f"workers: {split}"), Text(f"alerts: {', '.join(alerts) or 'none'}"),
+                 _tier_table(scrape))
 
 
 def default_url() -> str:

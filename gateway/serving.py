@@ -135,9 +135,10 @@ class _Observed:
 
     def done(self, stats: TurnStats) -> None:
         self.gw.admission.on_finish(self.request_id)
+        masked = stats.masked_tokens if self.gw.applies_masks else 0  # upstream: counted as unapplied
         self.gw.metrics.finished(self.trace, self.finish_reason, prompt_tokens=self.prompt_tokens,
                                  cached_tokens=self.cached_tokens, pruned_tokens=stats.pruned_tokens,
-                                 masked_tokens=stats.masked_tokens)
+                                 masked_tokens=masked)
         if stats.phase is None or stats.session_id is None:
             return
         phase = stats.phase.phase.value

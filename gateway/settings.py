@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from engine.config import YamlSettings
+from gateway.upstream.settings import UpstreamPoolSettings, UpstreamSpec, parse_upstreams
 
 
 class LimitSettings(BaseModel):
@@ -45,6 +46,14 @@ class GatewaySettings(YamlSettings):
     predictor_model: str | None = None  # next-turn load model; None: the shipped predictor/default_model.pt
     record_sessions: str | None = None  # a JSONL path: record per-turn session statistics (predictor training)
     log_content: bool = False  # log prompt and reply text (logger agentserve.content); off: no text reaches logs
+    upstreams: list[UpstreamSpec] = Field(default_factory=list)  # serve through these instead of `model`'s engine
+    upstream: UpstreamPoolSettings = UpstreamPoolSettings()
+
+    @field_validator("upstreams", mode="before")
+    @classmethod
+    def _upstream_urls(cls, value: Any) -> Any:
+        """Items may be plain base URLs (`http://host:port/v1`)."""
+        return parse_upstreams(value) if isinstance(value, list) else value
 
     @property
     def model_name(self) -> str:

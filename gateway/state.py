@@ -13,6 +13,7 @@ from gateway.metrics import Metrics
 from gateway.ratelimit import RateLimiter
 from gateway.sessions import SessionManager
 from gateway.settings import GatewaySettings
+from gateway.upstream.engine import UpstreamEngine
 
 
 @dataclass
@@ -32,4 +33,10 @@ class GatewayState:
 
     @property
     def model_name(self) -> str:
-        return self.settings.model_name
+        """The upstreams' model name when they serve, else the embedded model's."""
+        return self.engine.served_model if isinstance(self.engine, UpstreamEngine) else self.settings.model_name
+
+    @property
+    def applies_masks(self) -> bool:
+        """Whether sparse history masks reach attention: the embedded engine's only, never an upstream's."""
+        return not isinstance(self.engine, UpstreamEngine)

@@ -33,7 +33,7 @@ def metric(url: str, name: str, **labels: str) -> float:
     raise AssertionError(f"no sample {name} {labels}")
 
 
-def metric_reaching(url: str, name: str, at_least: float, timeout_s: float = 10.0, **labels: str) -> float:
+def metric_reaching(url: str, name: str, at_least: float, timeout_s: float = 30.0, **labels: str) -> float:
     """The metric once it is at least `at_least` (workers report their counters with their load, not at once),
     or its value when `timeout_s` ran out."""
     deadline = time.monotonic() + timeout_s

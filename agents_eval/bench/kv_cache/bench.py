@@ -1,0 +1,65 @@
+"""Run the replay per policy and cache size, then write the report."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from agents_eval.bench.kv_cache import report as kv_report
+from agents_eval.bench.kv_cache.engine_replay import multi_turn, replay_on_engine
+from agents_eval.bench.kv_cache.replay import replay, unbounded
+from agents_eval.bench.kv_cache.settings import KVCacheBenchSettings
+from agents_eval.report import machine_info
+from engine.config import EngineSettings
+from engine.kv_cache.policy import make_policy
+from predictor.traces import load_trace
+
+
+def run_benchmark(settings: KVCacheBenchSettings, out_dir: Path) -> dict[str, Any]:
+    settings.validate()
+    started = time.perf_counter()
+    machine = machine_info()  # before the run, so its load average shows other work, not ours
+    requests = load_trace(settings.trace, settings.max_requests)
+    weights = EngineSettings().kv_cache.weights  # the LFU weights of configs/engine.yaml
+    hit_ratio = {policy: {size: replay(requests, make_policy(policy, weights), size).ratio
+                          for size in settings.sizes} for policy in settings.policies}
+    report: dict[str, Any] = {
+        "settings": asdict(settings) | {"trace": str(settings.trace)}, "lfu_weights": asdict(weights),
+        "requests": len(requests), "distinct_blocks": len({key for r in requests for key in r.hash_ids}),
+        "hit_ratio": hit_ratio, "bound": unbounded(requests).ratio, "machine": machine}
+    report["goals"] = kv_report.goals(report, settings)
+    if settings.engine_requests:
+        report["engine_replay"] = replay_on_engine(multi_turn(requests, settings.engine_requests),
+                                                   settings.engine_device_blocks, settings.engine_host_blocks)
+    report["bench_wall_s"] = time.perf_counter() - started
+    kv_report.write(out_dir, report, settings)
+    return report
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(",") if part.strip())
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = KVCacheBenchSettings()
+    parser.add_argument("--out", type=Path, required=True, help="folder for the report files")
+    parser.add_argument("--trace", type=Path, default=defaults.trace, help="a Mooncake-format trace (JSONL)")
+    parser.add_argument("--max-requests", type=int, default=defaults.max_requests,
+                        help="replay only the trace's first N requests")
+    parser.add_argument("--cache-blocks", type=_sizes, default=defaults.cache_blocks,
+                        help="comma-separated cache sizes, in the trace's blocks")
+    parser.add_argument("--configured-blocks", type=int, default=defaults.configured_blocks,
+                        help="the size the bound goal is checked at")
+    parser.add_argument("--engine-requests", type=int, default=defaults.engine_requests,
+                        help="also replay the trace's first multi-turn sessions (about N requests) on the tiny "
+                             "engine with host and disk tiers (load-vs-recompute decisions); 0: skip")
+
+
+def run(args: argparse.Namespace) -> None:
+    settings = KVCacheBenchSettings(trace=args.trace, max_requests=args.max_requests, cache_blocks=args.cache_blocks,
+                                    configured_blocks=args.configured_blocks, engine_requests=args.engine_requests)
+    run_benchmark(settings, args.out)
+    print((args.out / kv_report.MARKDOWN).read_text())

@@ -1,0 +1,68 @@
+"""What the gateway keeps of a model when upstreams serve it: its tokenizer and chat template (for sessions,
+pruning and turn accounting) and its context length (for request checks), without its weights. It stands
+where the embedded engine stands and runs nothing: generation goes upstream (`UpstreamEngine`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from engine.loader import resolve_model
+from engine.mask import MaskedSpan
+from engine.output import RequestOutput
+from engine.requests import Prompt, RequestValidator, load_tokenizer_or_none
+from engine.sampling import SamplingParams
+from engine.sequence import SessionRef
+from engine.slo import load_slo_config
+from engine.stats import AgentSignals, EngineStats
+
+if TYPE_CHECKING:
+    from engine.worker.capacity_loop import CapacityLoop
+
+UNBOUNDED_BLOCKS = 1 << 30  # the upstream owns the KV cache: no local block limit applies
+
+
+class TokenizerFront:
+    capacity: CapacityLoop | None = None  # the upstreams' capacity is theirs
+
+    def __init__(self, model: str) -> None:
+        source = resolve_model(model)
+        self.checkpoint = source.checkpoint
+        self.tokenizer = load_tokenizer_or_none(source.checkpoint)
+        self.max_model_len = source.config.max_position_embeddings
+        slo_classes = frozenset(load_slo_config().classes)
+        self.validator = RequestValidator(source.config, self.tokenizer, 1, UNBOUNDED_BLOCKS, slo_classes)
+
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        return self.validator.tokenize(prompt)
+
+    def validate(self, prompt: Prompt, params: SamplingParams) -> list[int]:
+        return self.validator.validate(prompt, params)
+
+    def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *,
+                    masked_spans: Sequence[MaskedSpan] = (), session: SessionRef | None = None) -> str:
+        raise ValueError("requests go to the upstreams")
+
+    def abort(self, request_id: str) -> None:
+        return None
+
+    def has_unfinished(self) -> bool:
+        return False
+
+    def step(self) -> list[RequestOutput]:
+        return []
+
+    def wakeup(self) -> None:
+        return None
+
+    def set_session_ttl(self, key: str, ttl_s: float) -> bool:
+        return False  # the upstream's prefix cache keeps what it keeps
+
+    def stats(self) -> EngineStats:
+        return EngineStats()
+
+    def update_signals(self, signals: AgentSignals) -> None:
+        return None
+
+    def shutdown(self, deadline_s: float = 10.0) -> None:
+        return None

@@ -1,0 +1,75 @@
+"""What an upstream is sent for one generation. A turn of a session goes as chat messages: the session's
+history as the gateway holds it (observations already pruned on ingest), so the upstream renders it with its
+own chat template and tokenizer; a raw prompt (text completions) goes as its text. The turn is the one that
+`UpstreamSessions.open` made current for the task."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+from engine.sampling import SamplingParams
+from engine.tokenizer import Tokenizer
+from gateway.session_store import StoreKey
+from gateway.sessions import SessionManager, SessionTurn
+from trajectory.template_types import Message, ToolSchemas
+
+current_turn: ContextVar[SessionTurn | None] = ContextVar("agentserve_upstream_turn", default=None)
+
+
+class UpstreamSessions(SessionManager):
+    """The session manager, with the open turn made current for the generation that follows in this task."""
+
+    @asynccontextmanager
+    async def open(self, key: StoreKey | None, tools: ToolSchemas | None = None,
+                   max_sessions: int | None = None) -> AsyncIterator[SessionTurn]:
+        async with super().open(key, tools, max_sessions) as turn:
+            current_turn.set(turn)
+            yield turn
+
+
+@dataclass
+class UpstreamRequest:
+    path: str  # under the replica's base URL: /chat/completions or /completions
+    body: dict[str, Any]
+    key: str  # what affinity hashes: the session id
+    prompt_tokens: int  # the gateway's own count, until the upstream reports its own
+
+
+def openai_message(message: Message) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        out["tool_calls"] = message.tool_calls
+    if message.tool_call_id:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name:
+        out["name"] = message.name
+    return out
+
+
+def sampling_fields(params: SamplingParams) -> dict[str, Any]:
+    fields: dict[str, Any] = {"max_tokens": params.max_tokens, "temperature": params.temperature,
+                              "top_p": params.top_p}
+    if params.seed is not None:
+        fields["seed"] = params.seed
+    if params.stop:
+        fields["stop"] = list(params.stop)
+    if params.ignore_eos:
+        fields["ignore_eos"] = True
+    return fields
+
+
+def build_request(model: str, turn: SessionTurn | None, prompt: Sequence[int], params: SamplingParams,
+                  tokenizer: Tokenizer, request_id: str) -> UpstreamRequest:
+    stream = {"model": model, "stream": True, "stream_options": {"include_usage": True}}
+    if turn is None:
+        body = {**stream, "prompt": tokenizer.decode(list(prompt)), **sampling_fields(params)}
+        return UpstreamRequest("/completions", body, request_id, len(prompt))
+    renderer = turn.trajectory.renderer
+    body = {**stream, "messages": [openai_message(m) for m in renderer.messages], **sampling_fields(params)}
+    if renderer.tools:
+        body["tools"] = list(renderer.tools)
+    return UpstreamRequest("/chat/completions", body, turn.trajectory.state.session_id, len(prompt))

@@ -1,0 +1,65 @@
+"""A session continued by a restarted engine (or another replica sharing the store): its KV is loaded from
+disk or from a real Redis, not recomputed, `cached_tokens` says so, and greedy output equals a cold run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.config import EngineSettings
+from engine.kv_cache.settings import KVCacheSettings
+from engine.llm_engine import Completion, LLMEngine
+from engine.sampling import SamplingParams
+from engine.sequence import SessionRef
+from tests.engine.kv_cache.conftest import OwnRedis
+
+GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+BLOCK = 8
+SESSION = SessionRef("agent-restart", ttl_s=60.0)
+
+
+def make_engine(kv: KVCacheSettings | None = None) -> LLMEngine:
+    return LLMEngine("tiny", EngineSettings(num_kv_blocks=64, block_size=BLOCK, kv_cache=kv or KVCacheSettings()))
+
+
+def run_turn(engine: LLMEngine, prompt: list[int], session: SessionRef | None) -> Completion:
+    request_id = engine.add_request(prompt, GREEDY, session=session)
+    result = Completion(request_id)
+    while engine.has_unfinished():
+        for out in engine.step():
+            result.add(out)
+    return result
+
+
+@pytest.mark.parametrize("store", ["disk", "redis"])
+def test_a_restarted_engine_loads_the_session_kv(store: str, tmp_path: Path, own_redis: OwnRedis) -> None:
+    kv = KVCacheSettings(disk_path=tmp_path / "disk") if store == "disk" else KVCacheSettings(redis_url=own_redis.url)
+    first_prompt = list(range(1, 60))
+    before = make_engine(kv)
+    first = run_turn(before, first_prompt, SESSION)
+    if store == "disk":
+        before.shutdown()  # a restart; without it (Redis), a replica sharing the store reads the turn's write-through
+    del before
+
+    second_prompt = [*first_prompt, *first.token_ids, 901, 902, 903]
+    after = make_engine(kv)  # a new process would see the same: nothing survives but the store
+    second = run_turn(after, second_prompt, SESSION)
+    computed_before = len(first_prompt) + len(first.token_ids) - 1  # the last sampled token has no KV
+    assert second.num_cached_tokens == computed_before // BLOCK * BLOCK
+    assert after.tiers is not None and after.tiers.tiers.decision.loaded == computed_before // BLOCK
+    stats = after.kv_tier_stats()
+    assert stats is not None and stats["tiers"][store]["promoted"] == computed_before // BLOCK
+
+    cold = run_turn(make_engine(), second_prompt, None)
+    assert cold.num_cached_tokens == 0 and second.token_ids == cold.token_ids
+
+
+def test_another_namespace_finds_nothing(tmp_path: Path) -> None:
+    """A store shared by engines of different block sizes (another fingerprint) serves none of them."""
+    kv = KVCacheSettings(disk_path=tmp_path / "disk")
+    prompt = list(range(1, 60))
+    writer = make_engine(kv)
+    run_turn(writer, prompt, SESSION)
+    other = LLMEngine("tiny", EngineSettings(num_kv_blocks=64, block_size=16, kv_cache=kv))
+    assert run_turn(other, [*prompt, 5], None).num_cached_tokens == 0
