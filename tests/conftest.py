@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import socket
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,6 +11,9 @@ from typing import Any
 import pytest
 import torch
 import transformers
+
+from agents_eval.bench.agent.gateway import free_port as free_port  # the tests import it from here
+from agents_eval.bench.redis_server import running_redis
 
 HF_CLASSES = {
     "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
@@ -94,28 +94,8 @@ def wait_for(condition: Callable[[], bool], timeout_s: float = 30.0) -> bool:
     return True
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real redis-server on a free loopback port, stopped after the session."""
-    port = free_port()
-    workdir = tmp_path_factory.mktemp("redis")
-    server = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(100):
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.1):
-                break
-            time.sleep(0.05)
-        else:
-            raise RuntimeError(f"redis-server did not listen on port {port}")
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
+    with running_redis(tmp_path_factory.mktemp("redis")) as server:
+        yield server.url

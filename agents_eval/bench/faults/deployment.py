@@ -7,11 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,61 +15,13 @@ from typing import Any
 
 import httpx
 
-from agents_eval.bench.agent.gateway import ADMIN_HEADERS, GatewayProcess, free_port, running_gateway
-
-REDIS_START_TIMEOUT_S = 10.0
-
-
-@dataclass
-class Redis:
-    port: int
-    workdir: Path
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError("redis-server is not installed (Debian: apt-get install redis-server)")
-        self.process = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
-             "--appendfsync", "always", "--dir", str(self.workdir)], stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + REDIS_START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.1):
-                return
-            time.sleep(0.05)
-        raise RuntimeError(f"redis-server did not listen on port {self.port}")
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
-
-
-@contextlib.contextmanager
-def running_redis(workdir: Path) -> Iterator[Redis]:
-    workdir.mkdir(parents=True, exist_ok=True)
-    redis = Redis(free_port(), workdir)
-    redis.start()
-    try:
-        yield redis
-    finally:
-        redis.stop()
+from agents_eval.bench.agent.gateway import ADMIN_HEADERS, GatewayProcess, running_gateway
+from agents_eval.bench.redis_server import RedisServer, running_redis
 
 
 @dataclass
 class Deployment:
-    redis: Redis
+    redis: RedisServer
     replicas: list[GatewayProcess]
     workers: list[dict[str, Any]]  # replica 0's, as /admin/capacity listed them before the load (roles stay)
     stopped: set[int] = field(default_factory=set)  # replicas the campaign SIGTERMed
@@ -98,7 +46,7 @@ class Deployment:
 @contextlib.contextmanager
 def deployed(model: str, workers: int, out: Path) -> Iterator[Deployment]:
     """Redis and the two replicas, stopped when the block exits."""
-    with running_redis(out / "redis") as redis:
+    with running_redis(out / "redis", persistent=True) as redis:
         common = {"AGENTSERVE_REDIS_URL": redis.url, "AGENTSERVE_DRAIN_TIMEOUT_S": "30"}
         disaggregated = {**common, "AGENTSERVE_DISAGGREGATED": "true", "AGENTSERVE_DEPLOYMENT_PREFILL": str(workers),
                          "AGENTSERVE_DEPLOYMENT_DECODE": str(workers), "AGENTSERVE_CAPACITY_ENABLED": "false"}
