@@ -169,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_qos(sub)
     _add_keys(sub)
     register_predictor(sub)
+    importlib.import_module("agents_eval.sim.cli").register(sub)  # `simulate` and `profile`
     tune.add_arguments(sub.add_parser("tune", help="decode concurrency and prefill batch size for a model on a GPU"))
     monitor.add_arguments(sub.add_parser("monitor", help="live view of a metric, the role split and alerts"))
     return parser

@@ -47,6 +47,7 @@ async def test_acompletion(gateway_url: str, expected: str, model: str) -> None:
     parts = []
     async for chunk in await litellm.acompletion(**request(gateway_url, model, stream=True)):
         parts.append(chunk.choices[0].delta.content or "" if chunk.choices else "")
+    await litellm.close_litellm_async_clients()  # its cached clients belong to this test's event loop
     assert "".join(parts) == expected
 
 

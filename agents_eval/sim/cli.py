@@ -1,0 +1,73 @@
+"""`agentserve simulate` and `agentserve profile` (registered by gateway/cli.py). Heavy imports wait for the
+command to run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from agents_eval.report import Table, machine_info, markdown_document
+
+SEED_CONFIGS = ("seed-baseline", "seed-distserve", "seed-agent")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from agents_eval.sim.profile import add_arguments as add_profile
+
+    p = sub.add_parser("simulate", help="cluster simulator: the project's policies on simulated nodes")
+    p.add_argument("--out", type=Path, required=True, help="directory for report.json, report.md and plots")
+    p.add_argument("--cluster", default="seed-agent", help="a cluster of configs/sim.yaml (single run)")
+    p.add_argument("--workload", default="swe", choices=["swe", "webarena"])
+    p.add_argument("--rate", type=float, default=1.0, help="sessions started per second (single run)")
+    p.add_argument("--duration", type=float, default=90.0, help="seconds over which sessions start")
+    p.add_argument("--warmup", type=float, default=30.0, help="requests arriving before this are not judged")
+    p.add_argument("--seed", type=int, default=0)
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--table", action="store_true", help="the seed's table: three configurations at the SLO")
+    what.add_argument("--placement", type=int, metavar="GPUS", help="DistServe's placement search on GPUS GPUs")
+    what.add_argument("--scale", action="store_true", help="one simulated hour of the 48-node cluster (scale-48)")
+    what.add_argument("--validate", action="store_true", help="predicted against measured real CPU runs")
+    p.add_argument("--calibration", type=Path, help="calibration file of `agentserve profile` (--validate)")
+    p.add_argument("--start-rate", type=float, default=1.0, help="first sessions/s of the rate search")
+    p.add_argument("--search-steps", type=int, default=3, help="bisections of the rate search after doubling")
+    p.add_argument("--hours", type=float, default=1.0, help="simulated hours of session arrivals (--scale)")
+    p.set_defaults(run=run)
+    add_profile(sub.add_parser("profile", help="record the real engine's step times; write a calibration file"))
+
+
+def run(args: argparse.Namespace) -> None:
+    from agents_eval.sim import reports  # simpy, the engine's policies, matplotlib
+
+    if args.validate:
+        from agents_eval.sim.validate import validate
+
+        if args.calibration is None:
+            raise ValueError("--validate needs --calibration FILE (write one with `agentserve profile`)")
+        data = validate(args.calibration, args.seed)
+        tables = data.pop("tables")
+    elif args.table:
+        data, tables = reports.table(args)
+    elif args.placement:
+        data, tables = reports.placement(args)
+    elif args.scale:
+        data, tables = reports.scale(args)
+    else:
+        data, tables = reports.single(args)
+    write(args.out, data, tables)
+
+
+def write(out: Path, data: dict[str, Any], tables: list[Table]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    data = {**data, "machine": machine_info()}
+    (out / "report.json").write_text(json.dumps(data, indent=2, default=_jsonable) + "\n")
+    (out / "report.md").write_text(markdown_document("Cluster simulator", tables, data.get("notes", ())))
+    print(json.dumps({k: v for k, v in data.items() if k in ("summary", "validation", "scale")}, default=_jsonable))
+
+
+def _jsonable(value: object) -> object:
+    if hasattr(value, "__dataclass_fields__"):
+        return asdict(value)  # type: ignore[call-overload]
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")

@@ -1,0 +1,111 @@
+"""What the simulator answers: throughput at the SLO (the highest load with 90% of requests meeting the TTFT
+and TPOT targets), the seed's table, DistServe's placement search, the scale run."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from agents_eval.sim.config import ClusterConfig, Pool
+from agents_eval.sim.run import Summary, Window, simulate
+from agents_eval.sim.workload import draw_sessions
+
+ATTAINMENT_GOAL = 0.9
+# The seed's table (its README): throughput at the SLO, P99 latency, cost per 1k tokens.
+SEED_TABLE = {"seed-baseline": (12.4, 0.850, 0.043), "seed-distserve": (38.7, 0.210, 0.027),
+              "seed-agent": (52.1, 0.185, 0.019)}
+
+
+@dataclass(frozen=True)
+class Load:
+    workload: str = "swe"
+    warmup_s: float = 30.0  # sessions start from 0; requests before this are not judged
+    duration_s: float = 90.0  # sessions stop starting here; judged requests arrive in [warmup_s, duration_s)
+    seed: int = 0
+
+    def run(self, config: ClusterConfig, rate: float) -> Summary:
+        sessions = draw_sessions(self.workload, seed=self.seed, rate=rate, duration_s=self.duration_s)
+        return simulate(config, sessions, Window(self.warmup_s, self.duration_s))[1]
+
+
+@dataclass(frozen=True)
+class Point:
+    session_rate: float  # sessions started per second
+    summary: Summary
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"session_rate": self.session_rate, **asdict(self.summary)}
+
+
+def rate_at_slo(run: Callable[[float], Summary], start: float, steps: int = 4) -> tuple[Point | None, list[Point]]:
+    """Doubling from `start` until attainment falls under the goal, then `steps` bisections; the best passing
+    point (None if even `start` fails) and every point run."""
+    points: list[Point] = []
+
+    def probe(rate: float) -> bool:
+        points.append(Point(rate, run(rate)))
+        return points[-1].summary.attainment >= ATTAINMENT_GOAL
+
+    low, high = 0.0, start
+    while probe(high) and high < start * 64:
+        low, high = high, high * 2
+    for _ in range(steps if low else 0):
+        middle = (low + high) / 2
+        low, high = (middle, high) if probe(middle) else (low, middle)
+    passing = [p for p in points if p.summary.attainment >= ATTAINMENT_GOAL]
+    return max(passing, key=lambda p: p.summary.throughput_rps, default=None), sorted(points,
+                                                                                   key=lambda p: p.session_rate)
+
+
+def seed_table(configs: list[ClusterConfig], load: Load, start_rate: float, steps: int = 3) -> list[dict[str, Any]]:
+    rows = []
+    for config in configs:
+        best, points = rate_at_slo(functools.partial(load.run, config), start_rate, steps)
+        seed = SEED_TABLE.get(config.name)
+        rows.append({"configuration": config.name, "gpus": sum(p.gpus for p in config.pools),
+                     "at_slo": best.as_dict() if best else None, "points": [p.as_dict() for p in points],
+                     "seed": dict(zip(("throughput_rps", "p99_s", "cost_per_1k_tokens"), seed, strict=True))
+                     if seed else None})
+    return rows
+
+
+def placements(base: ClusterConfig, gpus: int, tensor_parallel: tuple[int, ...] = (1, 2, 4, 8)) -> list[ClusterConfig]:
+    """DistServe's search space on `gpus` GPUs of the base's decode device: every prefill:decode split of whole
+    workers at each tensor-parallel degree (one device kind, so placement is the only variable)."""
+    device, configs = base.pools[-1].device, []
+    for tp in tensor_parallel:
+        workers = gpus // tp
+        for prefill in range(1, workers):
+            pools = (Pool(device=device, nodes=prefill, gpus_per_node=tp, tensor_parallel=tp, role="prefill"),
+                     Pool(device=device, nodes=workers - prefill, gpus_per_node=tp, tensor_parallel=tp, role="decode"))
+            configs.append(base.model_copy(update={"name": f"tp{tp}-{prefill}p{workers - prefill}d",
+                                                   "pools": pools}))
+    return configs
+
+
+def placement_search(configs: list[ClusterConfig], load: Load, start_rate: float, steps: int = 2
+                     ) -> list[dict[str, Any]]:
+    """Goodput per GPU (requests/s at the SLO over GPUs) of each placement, best first."""
+    rows = []
+    for config in configs:
+        best, _ = rate_at_slo(functools.partial(load.run, config), start_rate, steps)
+        gpus = sum(p.gpus for p in config.pools)
+        goodput = best.summary.throughput_rps if best else 0.0
+        rows.append({"placement": config.name, "gpus": gpus, "goodput_rps": goodput, "goodput_per_gpu": goodput / gpus,
+                     "session_rate": best.session_rate if best else 0.0})
+    return sorted(rows, key=lambda row: -row["goodput_per_gpu"])
+
+
+def scale_run(config: ClusterConfig, rate: float, duration_s: float, workload: str = "swe",
+              seed: int = 0) -> dict[str, Any]:
+    started, cpu = time.monotonic(), time.process_time()
+    sessions = draw_sessions(workload, seed=seed, rate=rate, duration_s=duration_s)
+    cluster, summary = simulate(config, sessions)
+    wall, cpu = time.monotonic() - started, time.process_time() - cpu
+    return {"cluster": config.name, "nodes": sum(p.nodes for p in config.pools), "workers": len(cluster.workers),
+            "simulated_s": cluster.env.now, "sessions": len(sessions), "wall_s": wall,
+            "cpu_s": cpu, **asdict(summary),
+            "splits": cluster.log.splits}

@@ -1,0 +1,77 @@
+"""Real CPU runs to validate the simulator against: agent sessions played in real time through the engine
+(`LLMEngine`, or the disaggregated engine's worker processes), every reply `max_tokens` long with ignore_eos,
+TTFT and TPOT taken per request as the simulator takes them."""
+
+from __future__ import annotations
+
+import heapq
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agents_eval.sim.workload import SimSession
+from engine.sampling import SamplingParams
+from engine.sequence import SessionRef
+
+
+@dataclass
+class _Live:
+    session: int
+    prompt: list[int]
+    arrival: float
+    times: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+
+
+def play(engine: Any, sessions: list[SimSession], vocab: int, ttl_s: float, seed: int = 0,
+         step: Callable[[], list[Any]] | None = None) -> list[tuple[float, float]]:
+    """(TTFT, TPOT) of every request, in seconds of wall time. `step`: one engine step (`engine.step`)."""
+    step = step or engine.step
+    rng = random.Random(seed)
+    system = [rng.randrange(3, vocab) for _ in range(max((s.system_tokens for s in sessions), default=0))]
+    histories = [system[:s.system_tokens] for s in sessions]
+    next_turn = [0] * len(sessions)
+    due = [(s.start_s, index) for index, s in enumerate(sessions)]
+    heapq.heapify(due)
+    live: dict[str, _Live] = {}
+    results: list[tuple[float, float]] = []
+    start = time.monotonic()
+    while due or live:
+        now = time.monotonic() - start
+        while due and due[0][0] <= now:
+            _, index = heapq.heappop(due)
+            turn = sessions[index].turns[next_turn[index]]
+            prompt = histories[index] + [rng.randrange(3, vocab) for _ in range(turn.new_tokens)]
+            params = SamplingParams(max_tokens=turn.output_tokens, temperature=0.0, ignore_eos=True)
+            request_id = engine.add_request(prompt, params, session=SessionRef(sessions[index].session_id, ttl_s))
+            live[request_id] = _Live(index, prompt, now)
+        if not engine.has_unfinished():
+            time.sleep(min(0.01, max(0.0, due[0][0] - now)) if due else 0.0)
+            continue
+        for out in step():
+            request = live[out.request_id]
+            request.times += [time.monotonic() - start] * len(out.new_token_ids)
+            request.tokens += out.new_token_ids
+            if out.finished:
+                del live[out.request_id]
+                results.append(_latencies(request))
+                _next(sessions, request, histories, next_turn, due)
+    return results
+
+
+def _latencies(request: _Live) -> tuple[float, float]:
+    ttft = request.times[0] - request.arrival
+    tpot = (request.times[-1] - request.times[0]) / (len(request.times) - 1) if len(request.times) > 1 else 0.0
+    return ttft, tpot
+
+
+def _next(sessions: list[SimSession], request: _Live, histories: list[list[int]], next_turn: list[int],
+          due: list[tuple[float, int]]) -> None:
+    index = request.session
+    histories[index] = request.prompt + request.tokens
+    next_turn[index] += 1
+    if next_turn[index] < len(sessions[index].turns):
+        gap = sessions[index].turns[next_turn[index]].gap_s
+        heapq.heappush(due, (request.times[-1] + gap, index))

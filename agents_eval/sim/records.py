@@ -1,0 +1,51 @@
+"""What the simulator records per request and per role change."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import simpy
+
+
+@dataclass(eq=False)
+class RequestRecord:
+    request_id: str
+    session_id: str
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int  # the reply's length (max_tokens, ignore_eos)
+    uncached_tokens: int  # prompt tokens the gateway expected to be prefilled (for admitted work)
+    done: simpy.Event
+    decode_worker: int = 0
+    prefill_worker: int | None = None
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    tokens: int = 0
+    kv_transfer_s: float = 0.0
+    output_ids: list[int] = field(default_factory=list)  # the reply's tokens, for the session's next prompt
+
+    @property
+    def ttft_s(self) -> float:
+        assert self.first_token_s is not None, "request not started"
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float:
+        if self.tokens < 2 or self.first_token_s is None or self.last_token_s is None:
+            return 0.0
+        return (self.last_token_s - self.first_token_s) / (self.tokens - 1)
+
+
+@dataclass(frozen=True)
+class RoleChange:
+    at_s: float
+    worker_id: int
+    role: str
+
+
+@dataclass
+class RunLog:
+    requests: list[RequestRecord] = field(default_factory=list)
+    role_changes: list[RoleChange] = field(default_factory=list)
+    splits: list[tuple[float, int, int]] = field(default_factory=list)  # (at, prefill workers, decode workers)
+    steps: int = 0

@@ -1,0 +1,82 @@
+"""The report of each `agentserve simulate` mode: figures (report.json), markdown tables and plots."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+from typing import Any
+
+from agents_eval.report import Table
+from agents_eval.sim.config import cluster_config
+from agents_eval.sim.experiments import Load, placement_search, placements, scale_run, seed_table
+from agents_eval.sim.plots import attainment_plot, role_timeline
+from agents_eval.sim.run import Window, simulate
+from agents_eval.sim.workload import draw_sessions
+from agents_eval.workloads.swing import Swing
+
+Report = tuple[dict[str, Any], list[Table]]
+SCALE_RATE = 1.6  # swe sessions/s: about 28 requests/s, 100,000 in the hour
+
+
+def _load(args: argparse.Namespace) -> Load:
+    return Load(args.workload, args.warmup, args.duration, args.seed)
+
+
+def single(args: argparse.Namespace) -> Report:
+    args.out.mkdir(parents=True, exist_ok=True)
+    config = cluster_config(args.cluster)
+    sessions = draw_sessions(args.workload, seed=args.seed, rate=args.rate, duration_s=args.duration)
+    cluster, summary = simulate(config, sessions, Window(args.warmup, args.duration))
+    end = cluster.env.now
+    role_timeline(cluster.log.splits or [(0.0, 0, len(cluster.workers))], Swing().windows(end), end,
+                  args.out / "roles.png")
+    data = {"cluster": config.model_dump(), "rate": args.rate, "summary": asdict(summary),
+            "splits": cluster.log.splits}
+    return data, [Table(f"{config.name} at {args.rate} sessions/s", *_summary_table([(config.name, asdict(summary))]))]
+
+
+def table(args: argparse.Namespace) -> Report:
+    args.out.mkdir(parents=True, exist_ok=True)
+    from agents_eval.sim.cli import SEED_CONFIGS
+
+    rows = seed_table([cluster_config(name) for name in SEED_CONFIGS], _load(args), args.start_rate, args.search_steps)
+    attainment_plot({row["configuration"]: [(p["throughput_rps"], p["attainment"]) for p in row["points"]]
+                     for row in rows}, args.out / "attainment.png")
+    headers = ["configuration", "GPUs", "req/s at SLO (seed)", "P99 TTFT ms (seed P99)", "$ per 1k tokens (seed)"]
+    cells = []
+    for row in rows:
+        best, seed = row["at_slo"] or {}, row["seed"] or {}
+        cells.append([row["configuration"], str(row["gpus"]),
+                      f"{best.get('throughput_rps', 0):.1f} ({seed.get('throughput_rps', '-')})",
+                      f"{1000 * best.get('ttft_p99_s', 0):.0f} ({1000 * seed.get('p99_s', 0):.0f})",
+                      f"{best.get('cost_per_1k_tokens', 0):.4f} ({seed.get('cost_per_1k_tokens', '-')})"])
+    notes = ["Throughput at the SLO: the highest load at which 90% of requests meet both the TTFT and TPOT "
+             "targets of the run's SLO class; P99 is the TTFT at that load; cost counts the cluster's GPU-hour "
+             "prices (configs/devices) over output tokens. Seed figures in parentheses."]
+    return {"table": rows, "load": asdict(_load(args)), "notes": notes}, [Table("The seed's table", headers, cells)]
+
+
+def placement(args: argparse.Namespace) -> Report:
+    base = cluster_config("seed-distserve")
+    rows = placement_search(placements(base, args.placement), _load(args), args.start_rate, args.search_steps)
+    cells = [[r["placement"], str(r["gpus"]), f"{r['goodput_rps']:.2f}", f"{r['goodput_per_gpu']:.3f}"] for r in rows]
+    return ({"placement": rows, "gpus": args.placement, "base": base.name, "load": asdict(_load(args))},
+            [Table("Placement search (best first)", ["placement", "GPUs", "goodput req/s", "per GPU"], cells)])
+
+
+def scale(args: argparse.Namespace) -> Report:
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = scale_run(cluster_config("scale-48"), SCALE_RATE, 3600.0 * args.hours, args.workload, args.seed)
+    role_timeline(result["splits"] or [(0.0, 0, result["workers"])], Swing().windows(result["simulated_s"]),
+                  result["simulated_s"], args.out / "roles.png")
+    cells = [[str(result[k]) if not isinstance(result[k], float) else f"{result[k]:.4g}"]
+             for k in ("nodes", "requests", "simulated_s", "wall_s", "cpu_s", "attainment", "ttft_p99_s")]
+    keys = ["nodes", "requests", "simulated s", "wall s", "CPU s (this process)", "attainment", "P99 TTFT s"]
+    rows = [[key, *cell] for key, cell in zip(keys, cells, strict=True)]
+    return {"scale": result}, [Table("Scale run", ["figure", "value"], rows)]
+
+
+def _summary_table(rows: list[tuple[str, dict[str, Any]]]) -> tuple[list[str], list[list[str]]]:
+    keys = ["requests", "throughput_rps", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "attainment",
+            "cost_per_1k_tokens"]
+    return ["run", *keys], [[name, *(f"{s[k]:.4g}" for k in keys)] for name, s in rows]

@@ -1,0 +1,96 @@
+"""`agentserve simulate --validate`: the simulator, calibrated by `agentserve profile`, against real CPU runs it
+was not fitted on: the swe workload at two rates, colocated (one `LLMEngine`) and disaggregated (one prefill
+and one decode worker process), TTFT and TPOT p50 and p90, predicted beside measured."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agents_eval.report import Table
+from agents_eval.sim.config import ClusterConfig, EngineKnobs, Pool
+from agents_eval.sim.real_runs import play
+from agents_eval.sim.run import simulate
+from agents_eval.sim.workload import SimSession, from_workload
+from agents_eval.workloads import swe
+
+RATES = (0.1, 0.3)  # swe sessions per second
+DURATION_S = 30.0
+MAX_REQUESTS = 60
+TTL_S = 30.0
+DEPLOYMENTS = ("colocated", "1 prefill + 1 decode")
+
+
+def cpu_cluster(deployment: str, calibration: Path, model: str) -> ClusterConfig:
+    from engine.config import EngineSettings
+    from engine.loader import resolve_model
+    from engine.requests import num_kv_blocks
+
+    settings = EngineSettings()
+    roles = ("colocated",) if deployment == DEPLOYMENTS[0] else ("prefill", "decode")
+    pools = tuple(Pool(device="cpu", nodes=1, gpus_per_node=1, tensor_parallel=1, role=role) for role in roles)  # type: ignore[arg-type]
+    knobs = EngineKnobs(block_size=settings.block_size, max_num_batched_tokens=settings.max_num_batched_tokens,
+                        max_num_seqs=settings.max_num_seqs, queue_policy=settings.queue_policy,
+                        max_kv_blocks=num_kv_blocks(resolve_model(model).config, settings))
+    return ClusterConfig(name=deployment, model=model, dtype="float32", pools=pools, engine=knobs, transport="shm",
+                         calibration=str(calibration), session_ttl_s=TTL_S, controller=len(roles) > 1)
+
+
+def measure(deployment: str, sessions: list[SimSession], model: str) -> list[tuple[float, float]]:
+    from engine.config import EngineSettings
+
+    if deployment == DEPLOYMENTS[0]:
+        from engine.llm_engine import LLMEngine
+
+        engine: Any = LLMEngine(model, EngineSettings(num_threads=1))
+        step = engine.step
+    else:
+        from engine.worker.coordinator import DisaggregatedEngine
+        from engine.worker.deployment import DeploymentSettings
+
+        engine = DisaggregatedEngine(model, EngineSettings(), DeploymentSettings(prefill=1, decode=1, transport="shm"))
+        step = functools.partial(engine.step, timeout_s=0.002)  # a due turn waits at most this for the next poll
+    try:
+        return play(engine, sessions, engine.config.vocab_size, TTL_S, step=step)
+    finally:
+        engine.shutdown()
+
+
+def validate(calibration: Path, seed: int = 0, model: str = "small") -> dict[str, Any]:
+    rows = []
+    for deployment in DEPLOYMENTS:
+        for rate in RATES:
+            workload = swe.build(seed=seed, rate=rate, duration_s=DURATION_S, max_requests=MAX_REQUESTS)
+            sessions = from_workload(workload)
+            measured = np.array(measure(deployment, sessions, model))
+            cluster, _ = simulate(cpu_cluster(deployment, calibration, model), sessions)
+            predicted = np.array([(r.ttft_s, r.tpot_s) for r in cluster.log.requests])
+            rows += _rows(deployment, rate, predicted, measured)
+    worst = max(row["relative_error"] for row in rows)
+    return {"validation": {"max_relative_error": worst, "rows": rows, "calibration": str(calibration),
+                           "model": model, "rates": RATES, "duration_s": DURATION_S, "max_requests": MAX_REQUESTS},
+            "notes": ["Measured on this machine's 2 CPU cores while other work ran on them: the real runs' "
+                      "timings carry that load (see machine.load_average)."],
+            "tables": [_table(rows)]}
+
+
+def _rows(deployment: str, rate: float, predicted: np.ndarray, measured: np.ndarray) -> list[dict[str, Any]]:
+    rows = []
+    for column, metric in enumerate(("ttft", "tpot")):
+        for quantile in (50, 90):
+            p = float(np.percentile(predicted[:, column], quantile))
+            m = float(np.percentile(measured[:, column], quantile))
+            rows.append({"deployment": deployment, "rate": rate, "figure": f"{metric}_p{quantile}_s",
+                         "predicted": p, "measured": m, "relative_error": abs(p - m) / m if m else float("inf"),
+                         "requests": len(measured)})
+    return rows
+
+
+def _table(rows: list[dict[str, Any]]) -> Table:
+    cells = [[r["deployment"], f"{r['rate']}", r["figure"], f"{1000 * r['predicted']:.1f}",
+              f"{1000 * r['measured']:.1f}", f"{100 * r['relative_error']:.1f}%"] for r in rows]
+    return Table("Predicted against measured (ms)", ["deployment", "sessions/s", "figure", "predicted", "measured",
+                                                    "error"], cells)

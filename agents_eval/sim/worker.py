@@ -1,0 +1,143 @@
+"""A simulated engine worker: the engine's own `Scheduler` (queue policy, `KVCacheManager` with prefix
+caching, session pins) stepped on simulated time, each step lasting what the step timer says.
+
+A worker in the prefill role stops a request at its first token ("prefilled", as `LLMEngine` does), keeps its
+blocks until the KV has crossed the link, and hands the request to its decode worker; a decode worker takes a
+handed-off request as running when its KV fits (`engine.handoff.accept_handoff`), else recomputes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any
+
+import simpy
+
+from agents_eval.sim.cost import StepTimer, StepWork
+from agents_eval.sim.records import RequestRecord, RunLog
+from agents_eval.sim.tokens import SimSequence, TokenIds
+from engine.block_manager import HeldBlocks
+from engine.capacity.signals import WorkerLoad
+from engine.scheduler import ScheduledBatch, Scheduler
+
+Handoff = Callable[["SimWorker", SimSequence, RequestRecord, HeldBlocks], None]
+
+
+@dataclass
+class Gpus:
+    """What the worker runs on: its device kind and how many (its tensor-parallel group)."""
+
+    device: str
+    count: int
+
+
+class SimWorker:
+    def __init__(self, env: simpy.Environment, worker_id: int, role: str, scheduler: Scheduler,
+                 timer: StepTimer, gpus: Gpus, tokens: TokenIds, log: RunLog) -> None:
+        self.env, self.worker_id, self.role = env, worker_id, role
+        self.scheduler, self.timer, self.gpus, self.tokens, self.log = scheduler, timer, gpus, tokens, log
+        self.last_switch_at: float | None = None
+        self.records: dict[str, RequestRecord] = {}
+        self.on_prefilled: Handoff | None = None
+        self._incoming = 0  # requests routed here whose KV is still on the link
+        self._load: WorkerLoad | None = None  # cached until the worker's state changes
+        self.busy_s = 0.0
+        self.decode_step_s: float | None = None  # latest decode-only step time
+        self.prefill_tokens_per_s: float | None = None  # of the latest step that computed a prompt chunk
+        self._wake = env.event()
+        env.process(self._run())
+
+    @property
+    def incoming(self) -> int:
+        return self._incoming
+
+    @incoming.setter
+    def incoming(self, count: int) -> None:
+        self._incoming, self._load = count, None
+
+    def submit(self, seq: SimSequence, record: RequestRecord) -> None:
+        self.records[seq.request_id] = record
+        self.scheduler.add(seq)
+        self.notify()
+
+    def accept(self, seq: SimSequence, record: RequestRecord) -> None:
+        """A prefilled request with its KV: running at once when its blocks fit, else recomputed here."""
+        self.records[seq.request_id] = record
+        kv = self.scheduler.kv
+        if kv.allocate_slots(seq.request_id, seq.all_token_ids, 0, seq.num_prompt_tokens) is not None:
+            seq.num_computed_tokens = seq.num_prompt_tokens
+            self.scheduler.add_running(seq)
+        else:
+            self.scheduler.add(seq)
+        self.notify()
+
+    def set_role(self, role: str) -> None:
+        self.role, self.last_switch_at, self._load = role, self.env.now, None
+
+    def load(self) -> WorkerLoad:
+        if self._load is None:
+            self._load = self._measure_load()
+        return self._load
+
+    def _measure_load(self) -> WorkerLoad:
+        sched = self.scheduler
+        waiting = sum(s.num_uncomputed_tokens for s in sched.waiting)
+        waiting += sum(s.num_uncomputed_tokens for s in sched.running if s.num_uncomputed_tokens > 1)
+        streams = sum(1 for s in sched.running if s.num_uncomputed_tokens <= 1)
+        return WorkerLoad(self.worker_id, self.role, len(sched.running) + len(sched.waiting) + self.incoming,
+                          waiting, streams, self.last_switch_at)
+
+    def notify(self) -> None:
+        self._load = None
+        if not self._wake.triggered:
+            self._wake.succeed()
+
+    def _run(self) -> Generator[simpy.Event, Any, None]:  # a simpy process
+        while True:
+            batch = self.scheduler.schedule(self.env.now) if self.scheduler.has_unfinished() else ScheduledBatch()
+            self._load = None
+            if not batch.seqs:
+                self._wake = self.env.event()
+                yield self._wake
+                continue
+            samples = [batch.samples(i) for i in range(len(batch.seqs))]
+            work = StepWork.of(zip(batch.num_new_tokens, (s.num_computed_tokens for s in batch.seqs), samples,
+                                   strict=True))
+            seconds = self.timer.step_time(work)
+            yield self.env.timeout(seconds)
+            self._account(work, seconds)
+            sampled = {s.request_id: self.tokens.one() for s, hit in zip(batch.seqs, samples, strict=True) if hit}
+            self.scheduler.update(batch, sampled)
+            self._load = None
+            for seq, hit in zip(batch.seqs, samples, strict=True):
+                if hit:
+                    self._token(seq)  # type: ignore[arg-type]
+
+    def _account(self, work: StepWork, seconds: float) -> None:
+        self.busy_s += seconds
+        self.log.steps += 1
+        if work.tokens == work.seqs:
+            self.decode_step_s = seconds
+        else:
+            self.prefill_tokens_per_s = work.tokens / seconds
+
+    def _token(self, seq: SimSequence) -> None:
+        record, now = self.records[seq.request_id], self.env.now
+        if record.first_token_s is None:
+            record.first_token_s = now
+        record.last_token_s, record.tokens = now, record.tokens + 1
+        if seq.prefill_only:
+            self._prefilled(seq, record)
+        elif record.tokens >= record.output_tokens:
+            record.output_ids = list(seq.output_token_ids)
+            self.scheduler.finish(seq, "length", now)
+            del self.records[seq.request_id]
+            record.done.succeed()
+
+    def _prefilled(self, seq: SimSequence, record: RequestRecord) -> None:
+        held = self.scheduler.kv.detach(seq.request_id)
+        self.scheduler.finish(seq, "prefilled", self.env.now)
+        del self.records[seq.request_id]
+        assert self.on_prefilled is not None, "a prefill worker needs a hand-off target"
+        self.on_prefilled(self, seq, record, held)

@@ -1,0 +1,86 @@
+"""The simulator: an M/D/1 toy against queueing theory, the engine's own policy objects doing the work, and
+runs that repeat under a seed."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from agents_eval.sim.calibration import Calibration
+from agents_eval.sim.config import ClusterConfig, EngineKnobs, Pool
+from agents_eval.sim.run import simulate
+from agents_eval.sim.workload import SimSession, SimTurn, draw_sessions
+from engine import batcher
+from engine.block_manager import KVCacheManager
+from engine.capacity import routing
+from engine.scheduler import Scheduler
+
+SERVICE_S = 0.01
+DISAGGREGATED = {"local_prefill_max_tokens": 0, "local_prefill_max_uncached_share": 0.0, "overlap_weight": 0.0}
+
+
+def _constant_steps(tmp_path: Path) -> str:
+    """A calibration whose every step lasts SERVICE_S, whatever it computes."""
+    path = tmp_path / "constant.json"
+    Calibration("tiny", "float32", {"step": SERVICE_S, "seq": 0.0, "flop": 0.0, "byte": 0.0}).save(path)
+    return str(path)
+
+
+def _toy(tmp_path: Path, max_num_seqs: int = 1, **fields: object) -> ClusterConfig:
+    pools = (Pool(device="cpu", nodes=1, gpus_per_node=1, tensor_parallel=1, role="prefill"),
+             Pool(device="cpu", nodes=1, gpus_per_node=1, tensor_parallel=1, role="decode"))
+    return ClusterConfig(name="toy", model="tiny", dtype="float32", pools=pools,
+                         engine=EngineKnobs(max_num_seqs=max_num_seqs, max_kv_blocks=4096, prefix_caching=False),
+                         calibration=_constant_steps(tmp_path), capacity=DISAGGREGATED, **fields)
+
+
+def _poisson_single_turns(rate: float, count: int, seed: int, output_tokens: int = 1) -> list[SimSession]:
+    rng, at, sessions = random.Random(seed), 0.0, []
+    for index in range(count):
+        at += rng.expovariate(rate)
+        sessions.append(SimSession(f"s{index}", at, 0, "append", (SimTurn(0.0, 64, output_tokens, "think"),)))
+    return sessions
+
+
+@pytest.mark.slow
+def test_prefill_worker_is_an_md1_queue(tmp_path: Path) -> None:
+    """Poisson arrivals, one prompt per step of fixed length on the prefill worker: M/D/1, whose mean wait is
+    rho x D / (2 (1 - rho))."""
+    rate = 60.0
+    rho = rate * SERVICE_S
+    cluster, _ = simulate(_toy(tmp_path), _poisson_single_turns(rate, 20_000, seed=1))
+    waits = [r.ttft_s - SERVICE_S for r in cluster.log.requests]
+    assert all(r.prefill_worker == 0 and r.decode_worker == 1 for r in cluster.log.requests)
+    assert sum(waits) / len(waits) == pytest.approx(rho * SERVICE_S / (2 * (1 - rho)), rel=0.05)
+
+
+def test_real_policy_objects_do_the_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster, _ = simulate(_toy(tmp_path), _poisson_single_turns(20.0, 50, seed=2, output_tokens=4))
+    worker = cluster.workers[0]
+    assert type(worker.scheduler) is Scheduler and type(worker.scheduler.kv) is KVCacheManager
+    assert all(r.prefill_worker == 0 for r in cluster.log.requests)  # DistServe routing: every prompt remote
+
+    monkeypatch.setattr(routing, "prefill_locally", lambda *_: True)  # the router's rule, changed in place
+    cluster, _ = simulate(_toy(tmp_path), _poisson_single_turns(20.0, 50, seed=2, output_tokens=4))
+    assert all(r.prefill_worker is None for r in cluster.log.requests)
+
+
+def test_queue_policy_change_shows_in_the_simulation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Newest first instead of FCFS, patched on the engine's class: the waits' spread changes."""
+    sessions = _poisson_single_turns(90.0, 400, seed=3)
+    _, fcfs = simulate(_toy(tmp_path), sessions)
+    monkeypatch.setattr(batcher.FcfsPolicy, "order_waiting", lambda self, waiting, now: waiting.reverse())
+    _, lifo = simulate(_toy(tmp_path), sessions)
+    assert lifo.ttft_p50_s < fcfs.ttft_p50_s and lifo.ttft_p99_s > fcfs.ttft_p99_s
+
+
+def test_same_seed_same_run_different_seed_different_run() -> None:
+    from agents_eval.sim.config import cluster_config
+
+    config = cluster_config("seed-agent")
+    runs = [simulate(config, draw_sessions("swe", seed=seed, rate=0.3, duration_s=20))[1] for seed in (5, 5, 6)]
+    assert asdict(runs[0]) == asdict(runs[1])
+    assert asdict(runs[0]) != asdict(runs[2])
