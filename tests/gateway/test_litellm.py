@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Iterator
 from typing import Any
 
 import litellm
@@ -14,6 +16,17 @@ PROVIDERS = ["openai/tiny", "hosted_vllm/tiny"]
 def request(gateway_url: str, model: str, **extra: Any) -> dict[str, Any]:
     return {"model": model, "api_base": f"{gateway_url}/v1", "api_key": "x", "messages": MESSAGES,
             "temperature": 0, "max_tokens": 6, "num_retries": 0, **extra}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sync_dispatch_loop() -> Iterator[None]:
+    """litellm's service logger takes `asyncio.get_event_loop()` inside sync calls, which creates a loop that
+    nobody closes (an unraisable ResourceWarning at exit): give its sync calls one, closed after the module."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    yield
+    asyncio.set_event_loop(None)
+    loop.close()
 
 
 @pytest.fixture(scope="module")
