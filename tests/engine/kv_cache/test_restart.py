@@ -9,27 +9,17 @@ import pytest
 
 from engine.config import EngineSettings
 from engine.kv_cache.settings import KVCacheSettings
-from engine.llm_engine import Completion, LLMEngine
-from engine.sampling import SamplingParams
+from engine.llm_engine import LLMEngine
 from engine.sequence import SessionRef
 from tests.engine.kv_cache.conftest import OwnRedis
+from tests.engine.test_session_kv import run_turn
 
-GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 BLOCK = 8
 SESSION = SessionRef("agent-restart", ttl_s=60.0)
 
 
 def make_engine(kv: KVCacheSettings | None = None) -> LLMEngine:
     return LLMEngine("tiny", EngineSettings(num_kv_blocks=64, block_size=BLOCK, kv_cache=kv or KVCacheSettings()))
-
-
-def run_turn(engine: LLMEngine, prompt: list[int], session: SessionRef | None) -> Completion:
-    request_id = engine.add_request(prompt, GREEDY, session=session)
-    result = Completion(request_id)
-    while engine.has_unfinished():
-        for out in engine.step():
-            result.add(out)
-    return result
 
 
 @pytest.mark.parametrize("store", ["disk", "redis"])
