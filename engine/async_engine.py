@@ -11,7 +11,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from queue import Empty, SimpleQueue
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from engine.mask import MaskedSpan
 from engine.output import RequestOutput
@@ -64,6 +64,7 @@ class ServingEngine(Protocol):
     def wakeup(self) -> None: ...
     def set_session_ttl(self, key: str, ttl_s: float) -> bool: ...
     def stats(self) -> EngineStats: ...
+    def kv_tier_stats(self) -> dict[str, Any] | None: ...  # KV tier counters; None: no tiers below the device
     def update_signals(self, signals: AgentSignals) -> None: ...
     def shutdown(self, deadline_s: float = 10.0) -> object: ...
 

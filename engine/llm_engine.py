@@ -224,6 +224,7 @@ class LLMEngine:
         the persistent tier, so a restarted engine continues its sessions."""
         if self.tiers is not None:
             self.tiers.flush(self.kv)
+            self.tiers.close()
 
     def update_signals(self, signals: AgentSignals) -> None:
         """Nothing to steer: one worker does both jobs."""

@@ -1,7 +1,7 @@
 """`GET /admin/capacity`: the capacity controller's split, workers, alerts and recent events;
 `POST /admin/capacity` pins a split by hand (`{"prefill": 1, "decode": 3}`) or releases it
 (`{"unpin": true}`). Both need an admin key (`admin: true` in `api_keys`) whether or not auth is enabled:
-401 without a valid key, 403 for a key that is not an admin's. A colocated engine answers 404."""
+401 without a valid key, 403 for a key that is not an admin's. A gateway without a capacity controller answers 404."""
 
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ class PinRequest(BaseModel):
 
 def _controller(engine: ServingEngine) -> None:
     if engine.capacity is None:
-        raise APIError(404, "this gateway runs a colocated engine: there is no capacity controller",
-                       "invalid_request_error", None, "no_capacity_controller")
+        raise APIError(404, "this gateway has no capacity controller (a colocated engine, or upstreams without "
+                       "kv_both instances)", "invalid_request_error", None, "no_capacity_controller")
 
 
 @router.get("/admin/capacity")

@@ -77,9 +77,10 @@ def serving_engine(settings: GatewaySettings, engine: ServingEngine, metrics: Me
 
 
 def load_signals(settings: GatewaySettings, engine: AsyncLLMEngine) -> LoadSignals:
-    """The forecaster is loaded only where a capacity controller reads it (a disaggregated engine)."""
+    """The forecaster is loaded only where a capacity controller reads it (a disaggregated engine, or
+    upstream instances whose roles the controller splits)."""
     forecaster = None
-    if settings.disaggregated:
+    if engine.engine.capacity is not None:
         from predictor.forecast import LoadForecaster  # torch model: only when used
 
         forecaster = LoadForecaster(Path(settings.predictor_model) if settings.predictor_model else None,

@@ -124,6 +124,7 @@ BENCHMARKS = {
     "batcher": ("agents_eval.bench.batcher", "SLO-deadline batching with session fairness against FCFS"),
     "faults": ("agents_eval.bench.faults", "faults under load: workers, Redis, a replica killed; nothing lost"),
     "soak": ("agents_eval.bench.soak", "long agent load: memory, descriptors and latency stay flat"),
+    "overload": ("agents_eval.bench.overload", "2x the SLO rate: admitted requests within the SLO, the rest refused"),
     "upstream": ("agents_eval.bench.upstream", "session-affine routing against round-robin over upstream replicas"),
     "kv-cache": ("agents_eval.bench.kv_cache", "improved LFU against LRU and the unbounded bound on a trace"),
 }

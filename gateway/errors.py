@@ -36,6 +36,15 @@ def error_body(message: str, type_: str, param: str | None = None, code: str | N
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
+STORE_ERRORS = (RedisConnectionError, RedisTimeoutError)  # the session store (Redis) unreachable
+
+
+def store_unavailable(error: Exception) -> APIError:
+    """Sessions, records and rate limits live in the store: without it a turn is 503, retried after a second."""
+    return APIError(503, f"the session store is unavailable: {error}", "service_unavailable_error",
+                    code="session_store_unavailable", headers={"Retry-After": "1"})
+
+
 def from_request_error(error: RequestError) -> APIError:
     message = str(error)
     code = "context_length_exceeded" if "context" in message or "KV blocks" in message else None
@@ -88,10 +97,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RedisConnectionError)
     @app.exception_handler(RedisTimeoutError)
-    async def store_down(_: Request, error: Exception) -> JSONResponse:  # sessions, records, rate limits
-        return JSONResponse(error_body(f"the session store is unavailable: {error}", "service_unavailable_error",
-                                       None, "session_store_unavailable"), status_code=503,
-                            headers={"Retry-After": "1"})
+    async def store_down(_: Request, error: Exception) -> JSONResponse:
+        api = store_unavailable(error)
+        return JSONResponse(api.body(), status_code=api.status, headers=api.headers)
 
     @app.exception_handler(Exception)
     async def internal(_: Request, error: Exception) -> JSONResponse:  # logged by the server as well

@@ -33,7 +33,9 @@ ERRORS = {  # "METHOD /path" -> the error statuses it may answer (every other op
 }
 STREAMING = ("POST /v1/chat/completions", "POST /v1/completions", "POST /v1/responses")
 PLAIN_TEXT = {"GET /health": (200,), "GET /ready": (200, 503), "GET /metrics": (200,)}
-EVENT_STREAM = {"schema": {"type": "string", "description": "server-sent events, one JSON object a `data:` line"}}
+EVENT_STREAM = {"schema": {  # one event of the stream: its `data` is a JSON chunk, or `[DONE]` last
+    "type": "object", "required": ["data"], "description": "a server-sent event",
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}}}}
 
 
 def declare_errors(app: FastAPI) -> None:

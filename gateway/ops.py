@@ -31,7 +31,7 @@ async def metrics(request: Request) -> Response:
     gw = gateway_state(request)
     gw.metrics.sync_engine(gw.engine.engine.stats())
     gw.metrics.sync_signals(*gw.signals.forecaster_in_use(), gw.signals.failures)
-    gw.metrics.sync_kv_tiers(getattr(gw.engine.engine, "kv_tier_stats", lambda: None)())  # colocated only
+    gw.metrics.sync_kv_tiers(gw.engine.engine.kv_tier_stats())
     gw.metrics.set_sessions(await gw.sessions.store.count())
     body, content_type = gw.metrics.render()
     return Response(body, media_type=content_type)

@@ -25,7 +25,7 @@ from starlette.websockets import WebSocketDisconnect
 from engine.sampling import RequestError
 from gateway.access import admit_principal, websocket_slot
 from gateway.chat import check_model
-from gateway.errors import APIError, from_request_error, validation_error
+from gateway.errors import STORE_ERRORS, APIError, from_request_error, store_unavailable, validation_error
 from gateway.responses import SessionTarget, resolve_session, response_events
 from gateway.responses_input import ResponseCreateRequest
 from gateway.settings import LimitSettings
@@ -85,6 +85,8 @@ async def responses_socket(websocket: WebSocket) -> None:
             await ResponsesConnection(gw, websocket).serve()
     except APIError as error:  # refused at the handshake: the client sees HTTP 403
         await websocket.close(CLOSE_POLICY_VIOLATION, error.message)
+    except STORE_ERRORS as error:  # the key's rate limit lives in the store
+        await websocket.close(CLOSE_TRY_AGAIN, store_unavailable(error).message[:120])
 
 
 class ResponsesConnection:
@@ -201,7 +203,11 @@ class ResponsesConnection:
             await self.websocket.send_text(json.dumps(payload, ensure_ascii=False))
 
     async def send_error(self, error: APIError, event_id: str | None, stream_id: str | None = None) -> None:
-        await self.send({"type": "error", "event_id": event_id, "status": error.status, **error.body()}, stream_id)
+        """OpenAI's error event with the HTTP status it would have had, and its Retry-After when it has one."""
+        retry_after = (error.headers or {}).get("Retry-After")
+        extra = {"retry_after": retry_after} if retry_after is not None else {}
+        await self.send({"type": "error", "event_id": event_id, "status": error.status, **extra, **error.body()},
+                        stream_id)
 
 
 def _decode(frame: str | bytes) -> Any:
@@ -219,6 +225,8 @@ def as_api_error(error: Exception) -> APIError:
         return from_request_error(error)
     if isinstance(error, ChatTemplateError):
         return APIError(400, str(error), param="input")
+    if isinstance(error, STORE_ERRORS):
+        return store_unavailable(error)
     log.error("a responses websocket event failed", exc_info=error)
     return APIError(500, "the gateway failed to handle the event", "server_error", code="server_error")
 

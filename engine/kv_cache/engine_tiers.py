@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -138,12 +138,39 @@ class TierHooks:
         cached = list(kv.pool.cached.items())
         self.tiers.persist([h for h, _ in cached], [block.block_id for _, block in cached])
 
+    def close(self) -> None:
+        """The stores' connections (the engine is done with them); what they hold stays."""
+        self.tiers.chain.close()
+
     def stats(self) -> dict[str, Any]:
         self.tiers.chain.refresh_held()
         decision = self.tiers.decision
         return {"tiers": {tier.name: asdict(tier.stats) for tier in self.tiers.chain.tiers},
                 "loaded": decision.loaded, "recomputed": decision.recomputed,
                 "bytes_per_s": dict(decision.bytes_per_s), "prefetch": asdict(self.prefetch.stats)}
+
+
+def total_tier_stats(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Several engines' `TierHooks.stats` as one (a disaggregated engine's workers): counters summed, per tier
+    and in all, a tier's bandwidth averaged over the engines that measured it; None when there are none."""
+    if not parts:
+        return None
+    names = dict.fromkeys(name for part in parts for name in part["tiers"])
+    bandwidths = {name: [part["bytes_per_s"][name] for part in parts if name in part["bytes_per_s"]]
+                  for name in names}
+    return {"tiers": {name: _sum_counts(part["tiers"][name] for part in parts if name in part["tiers"])
+                      for name in names},
+            "loaded": sum(part["loaded"] for part in parts), "recomputed": sum(part["recomputed"] for part in parts),
+            "bytes_per_s": {name: sum(rates) / len(rates) for name, rates in bandwidths.items() if rates},
+            "prefetch": _sum_counts(part["prefetch"] for part in parts)}
+
+
+def _sum_counts(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for one in counts:
+        for name, value in one.items():
+            total[name] = total.get(name, 0) + value
+    return total
 
 
 def make_tier_hooks(settings: KVCacheSettings, runner: ModelRunner, identity: dict[str, Any],

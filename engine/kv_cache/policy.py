@@ -36,7 +36,7 @@ class EvictionPolicy(Protocol):
 
 @dataclass(frozen=True)
 class LfuWeights:
-    decay_s: float = 300.0  # seconds: a score falls by e without access for this long
+    decay_s: float = 600.0  # seconds: a score falls by e without access for this long
     neighbour_share: float = 1.0  # share of a child's accesses credited to its parent
     prefix_share: float = 1.0  # credit per new sequence branching off a block
 

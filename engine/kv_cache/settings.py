@@ -13,7 +13,7 @@ class KVCacheSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     eviction: PolicyName = "lfu"
-    decay_s: float = Field(default=300.0, gt=0)  # LFU: scores decay by exp(-age / decay_s)
+    decay_s: float = Field(default=600.0, gt=0)  # LFU: scores decay by exp(-age / decay_s)
     neighbour_share: float = Field(default=1.0, ge=0)  # LFU: share of a child block's accesses credited to its parent
     prefix_share: float = Field(default=1.0, ge=0)  # LFU: credit per sequence branching off a block
     host_blocks: int = Field(default=0, ge=0)  # host tier capacity in blocks; 0: no host tier

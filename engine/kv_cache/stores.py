@@ -31,6 +31,7 @@ class BlockStore(Protocol):
     def contains(self, key: str) -> bool: ...
     def delete(self, key: str) -> None: ...
     def held(self) -> tuple[int, int]: ...  # blocks, bytes this store holds (as far as this process knows)
+    def close(self) -> None: ...  # its connections; what it stored stays
 
 
 class FileStore:
@@ -91,6 +92,9 @@ class FileStore:
     def held(self) -> tuple[int, int]:
         return self.num_blocks, self.num_bytes
 
+    def close(self) -> None:
+        """Nothing to close: each call opens and closes its file."""
+
 
 class RedisStore:
     """Blocks as Redis strings with a time-to-live; shared by every replica that uses the same Redis."""
@@ -132,3 +136,6 @@ class RedisStore:
 
     def held(self) -> tuple[int, int]:
         return self.num_blocks, self.num_bytes
+
+    def close(self) -> None:
+        self.client.close()

@@ -66,6 +66,10 @@ class TierChain:
     def tiers(self) -> list[Tier]:
         return ([self.host] if self.host else []) + self.persistent
 
+    def close(self) -> None:
+        for tier in self.tiers:
+            tier.store.close()
+
     def locate(self, key: str) -> Tier | None:
         """The first tier holding the block, counting a query (and a hit) per tier asked."""
         for tier in self.tiers:

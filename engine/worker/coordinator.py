@@ -2,7 +2,7 @@
 request (the decode worker holding most of its session's KV, and a prefill worker unless the uncached
 delta is small enough to prefill where it decodes), relays outputs, and lets the capacity controller move
 workers between roles. Same surface as the colocated `LLMEngine` (add_request / step / abort / stats /
-set_session_ttl), so the gateway serves either.
+kv_tier_stats / set_session_ttl), so the gateway serves either.
 
 A worker that dies is detected (its pipe closes or its process ends); its requests are re-run on the
 remaining workers from their token ids, skipping the tokens already streamed (identical for greedy and
@@ -19,9 +19,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from multiprocessing.connection import wait
+from typing import Any
 
 from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
+from engine.kv_cache.engine_tiers import total_tier_stats
 from engine.llm_engine import Completion, run_to_completion
 from engine.mask import MaskedSpan
 from engine.output import RequestOutput
@@ -174,7 +176,7 @@ class DisaggregatedEngine:
         if isinstance(event, m.Outputs):
             return [out for raw in event.outputs if (out := self._relay(worker, raw)) is not None]
         if isinstance(event, m.Load):
-            worker.stats = event.stats
+            worker.stats, worker.kv_tiers = event.stats, event.kv_tiers
         elif isinstance(event, m.Prefilled):
             self._forward_handoff(worker, event)
         elif isinstance(event, m.Counters):
@@ -267,6 +269,11 @@ class DisaggregatedEngine:
         return replace(EngineStats.total([w.stats for w in alive], roles), alerts=self.capacity.alerts.gauges(),
                        role_moves=self.capacity.moves, capacity_target=self.capacity.target(),
                        last_move_at=self.capacity.last_move_at)
+
+    def kv_tier_stats(self) -> dict[str, Any] | None:
+        """The workers' KV tier counters summed, as of their latest Load reports (a dead worker's last one
+        included, so totals never go back); None before any worker with tiers has reported."""
+        return total_tier_stats([w.kv_tiers for w in self.workers if w.kv_tiers is not None])
 
     def inject_kv_fault(self, fault: str | None) -> None:
         """Failure testing only: make every prefill worker damage its KV transfers (None: stop)."""

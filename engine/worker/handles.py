@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.context import SpawnContext, SpawnProcess
+from typing import Any
 
 from engine.config import EngineSettings
 from engine.stats import EngineStats
@@ -30,6 +31,7 @@ class WorkerHandle:
     alive: bool = True
     pending_decode: dict[str, int] = field(default_factory=dict)  # attempt id -> decode worker, while prefilling
     stats: EngineStats = field(default_factory=EngineStats)  # its latest Load report
+    kv_tiers: dict[str, Any] | None = None  # the KV tier counters of its latest Load report; None: no tiers
     switched_at: float = 0.0  # monotonic time of its last role change (hysteresis)
 
     def send(self, command: m.Command) -> None:

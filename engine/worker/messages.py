@@ -4,6 +4,7 @@ they go from prefill to decode worker over the KV transport."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.handoff import Handoff
 from engine.mask import MaskedSpan
@@ -140,6 +141,7 @@ class Load:
 
     worker_id: int
     stats: EngineStats
+    kv_tiers: dict[str, Any] | None = None  # its KV tier counters (LLMEngine.kv_tier_stats); None: no tiers
 
 
 Event = Load | Ready | Outputs | Prefilled | RoleChanged | Pong | Stopped | Counters

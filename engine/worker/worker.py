@@ -90,7 +90,7 @@ class Worker:
         due = not self.engine.has_unfinished() or now - self.last_report >= self.spec.report_interval_s
         if self.unreported and due:
             stats = replace(self.engine.stats(), kv_transfers=self.assembler.counters.outcomes())
-            self.conn.send(m.Load(self.spec.worker_id, stats))
+            self.conn.send(m.Load(self.spec.worker_id, stats, self.engine.kv_tier_stats()))
             self.last_report, self.unreported = now, False
 
     def _commands(self, wait_s: float) -> None:

@@ -5,7 +5,9 @@ instance). A replica that is down, answers 5xx, or gives no output within `first
 down and the request retried on another, while `request_budget_s` lasts; then the request is answered 502
 (replicas failed) or 503 (none healthy). Once output has reached the client a broken stream cannot be retried:
 it raises `UpstreamStreamCut`, which the front ends turn into an error event. The local engine thread runs
-the tokenizer front only (session TTL calls and the like are no-ops there)."""
+the tokenizer front only (session TTL calls and the like are no-ops there), and the capacity controller that
+splits vLLM `kv_both` instances between prefill and decode when the pool has some. A turn of a saved session
+carries the session's id upstream as `X-Session-Id`, so an agentserve upstream keeps a session of its own."""
 
 from __future__ import annotations
 
@@ -21,12 +23,14 @@ from typing import TypeVar
 import httpx
 
 from engine.async_engine import AsyncLLMEngine
+from engine.capacity.settings import CapacitySettings
 from engine.mask import MaskedSpan
 from engine.output import RequestOutput
 from engine.requests import Prompt
 from engine.sampling import SamplingParams
 from engine.sequence import SessionRef
 from gateway.errors import APIError
+from gateway.upstream.capacity import UpstreamCapacity
 from gateway.upstream.client import Delta, UpstreamFailed, stream_deltas
 from gateway.upstream.front import TokenizerFront
 from gateway.upstream.masks import note_unapplied
@@ -55,13 +59,16 @@ class Route:
 
 class UpstreamEngine(AsyncLLMEngine):
     def __init__(self, front: TokenizerFront, pool: UpstreamPool, metrics: UpstreamMetrics,
-                 fallback_model: str) -> None:
+                 fallback_model: str, capacity: CapacitySettings | None = None) -> None:
         super().__init__(front)
         if front.tokenizer is None:
             raise ValueError("the gateway needs its model's tokenizer in front of upstreams")
         self.tokenizer = front.tokenizer
         self.pool, self.metrics, self.fallback_model = pool, metrics, fallback_model
         self.settings = pool.settings
+        if pool.movable:  # set before LoadSignals asks whether a controller reads its signals
+            front.capacity = UpstreamCapacity(capacity or CapacitySettings(), pool)
+        self.capacity = front.capacity
         self._client: httpx.AsyncClient | None = None
 
     @property
@@ -73,8 +80,12 @@ class UpstreamEngine(AsyncLLMEngine):
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
         self._client = httpx.AsyncClient(limits=limits)
         self.pool.start(self._client)
+        if self.capacity is not None:
+            self.capacity.start(self.call)
 
     async def close(self) -> None:
+        if self.capacity is not None:
+            await self.capacity.stop()
         await self.pool.stop()
         if self._client is not None:
             await self._client.aclose()
@@ -152,14 +163,15 @@ class UpstreamEngine(AsyncLLMEngine):
         first_by = min(time.monotonic() + self.settings.first_token_timeout_s, deadline)
         body = {**request.body, "model": route.decode.spec.model or self.served_model}
         upstream_id = str(uuid.uuid4())  # both legs' X-Request-Id; a UUID, as vLLM's proxy sends (llama.cpp checks)
+        headers = {"X-Request-Id": upstream_id, **request.headers}
         builder = OutputBuilder(request_id, request.prompt_tokens, self.tokenizer.encode)
         with _lease(route):
             if route.prefill is not None:
-                kv = await _before(first_by, route.prefill, run_prefill(
-                    self._client, route.prefill, request.path, body, upstream_id, timeout))
+                with route.prefill.prefilling(request.prompt_tokens):
+                    kv = await _before(first_by, route.prefill, run_prefill(
+                        self._client, route.prefill, request.path, body, headers, timeout))
                 body = decode_body(body, kv)
-            deltas = stream_deltas(self._client, route.decode, request.path, body, {"X-Request-Id": upstream_id},
-                                   timeout)
+            deltas = stream_deltas(self._client, route.decode, request.path, body, headers, timeout)
             try:
                 first = await _before(first_by, route.decode, _first_output(deltas, builder))
                 if first is not None:
@@ -197,8 +209,10 @@ async def _before(at: float, replica: Replica, work: Awaitable[T]) -> T:
 def _lease(route: Route) -> Iterator[None]:
     for replica in route.replicas:
         replica.in_flight += 1
+    route.decode.decode_streams += 1
     try:
         yield
     finally:
         for replica in route.replicas:
             replica.in_flight -= 1
+        route.decode.decode_streams -= 1

@@ -1,9 +1,11 @@
 """What the gateway keeps of a model when upstreams serve it: its tokenizer and chat template (for sessions,
 pruning and turn accounting) and its context length (for request checks), without its weights. It stands
-where the embedded engine stands and runs nothing: generation goes upstream (`UpstreamEngine`)."""
+where the embedded engine stands and runs nothing: generation goes upstream (`UpstreamEngine`). Over vLLM
+`kv_both` instances it holds the capacity controller that splits them between prefill and decode."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -17,13 +19,13 @@ from engine.slo import load_slo_config
 from engine.stats import AgentSignals, EngineStats
 
 if TYPE_CHECKING:
-    from engine.worker.capacity_loop import CapacityLoop
+    from gateway.upstream.capacity import UpstreamCapacity
 
 UNBOUNDED_BLOCKS = 1 << 30  # the upstream owns the KV cache: no local block limit applies
 
 
 class TokenizerFront:
-    capacity: CapacityLoop | None = None  # the upstreams' capacity is theirs
+    capacity: UpstreamCapacity | None = None  # set by UpstreamEngine over vLLM kv_both instances
 
     def __init__(self, model: str) -> None:
         source = resolve_model(model)
@@ -59,10 +61,14 @@ class TokenizerFront:
         return False  # the upstream's prefix cache keeps what it keeps
 
     def stats(self) -> EngineStats:
-        return EngineStats()
+        return EngineStats() if self.capacity is None else self.capacity.stats()
+
+    def kv_tier_stats(self) -> None:
+        return None  # the upstreams' KV tiers are theirs
 
     def update_signals(self, signals: AgentSignals) -> None:
-        return None
+        if self.capacity is not None:
+            self.capacity.update_signals(signals, time.monotonic())
 
     def shutdown(self, deadline_s: float = 10.0) -> None:
         return None

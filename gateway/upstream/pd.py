@@ -35,11 +35,12 @@ def decode_body(body: dict[str, Any], kv_transfer_params: dict[str, Any] | None)
 
 
 async def run_prefill(client: httpx.AsyncClient, replica: Replica, path: str, body: dict[str, Any],
-                      request_id: str, timeout: httpx.Timeout) -> dict[str, Any] | None:
-    """The prefill leg; the `kv_transfer_params` it returns for the decode leg."""
+                      headers: dict[str, str], timeout: httpx.Timeout) -> dict[str, Any] | None:
+    """The prefill leg (`headers`: the decode leg's, X-Request-Id among them); the `kv_transfer_params` it
+    returns for the decode leg."""
     try:
         response = await client.post(replica.name + path, json=prefill_body(body), timeout=timeout,
-                                     headers={**replica.headers(), "X-Request-Id": request_id})
+                                     headers={**replica.headers(), **headers})
     except httpx.HTTPError as error:
         raise UpstreamFailed(replica.name, f"prefill: {type(error).__name__}: {error}") from error
     check_status(replica, response, response.content)

@@ -1,5 +1,7 @@
 """The replicas behind the gateway: health-checked (GET /models), their in-flight load counted, and one picked
-per request by the routing policy (session affinity with bounded loads, or round-robin)."""
+per request by the routing policy (session affinity with bounded loads, or round-robin). vLLM instances have a
+prefill or decode role: `kv_producer` and `kv_consumer` keep theirs, `kv_both` start from `prefill_share` and
+the capacity controller (`gateway/upstream/capacity.py`) moves them with `set_role`."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -24,7 +26,9 @@ Role = Literal["any", "prefill", "decode"]
 class Replica:
     spec: UpstreamSpec
     healthy: bool = True  # until a health check or a request says otherwise
-    in_flight: int = 0
+    in_flight: int = 0  # requests routed here, either leg
+    prefill_tokens: int = 0  # prompt tokens of the prefill legs running here
+    decode_streams: int = 0  # replies streaming from here
     failed_checks: int = 0  # consecutive
     models: list[str] = field(default_factory=list)  # what its GET /models listed
 
@@ -34,6 +38,14 @@ class Replica:
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.spec.api_key}"} if self.spec.api_key else {}
+
+    @contextlib.contextmanager
+    def prefilling(self, prompt_tokens: int) -> Iterator[None]:
+        self.prefill_tokens += prompt_tokens
+        try:
+            yield
+        finally:
+            self.prefill_tokens -= prompt_tokens
 
 
 def role_split(specs: Sequence[UpstreamSpec], prefill_share: float) -> dict[str, Role]:
@@ -68,14 +80,28 @@ class UpstreamPool:
         self._health: asyncio.Task[None] | None = None
 
     @property
+    def movable(self) -> list[str]:
+        """The kv_both instances, in the configured order: the capacity controller's to move."""
+        return [name for name, r in self.replicas.items() if r.spec.kv_role == "kv_both"]
+
+    def set_role(self, name: str, role: str) -> None:
+        """New requests of its old role stop going to the instance; those it runs finish there."""
+        if name not in self.movable or role not in ("prefill", "decode"):
+            raise ValueError(f"{name} is not a kv_both instance, or {role!r} is not prefill or decode")
+        # one swap of the whole mapping: the controller runs on the engine thread, `pick` on the event loop
+        self.roles = {**self.roles, name: "prefill" if role == "prefill" else "decode"}
+
+    @property
     def disaggregated(self) -> bool:
         """vLLM prefill/decode instances: requests go through a prefill leg, then a decode leg."""
-        return "prefill" in self.roles.values() and "decode" in self.roles.values()
+        roles = set(self.roles.values())
+        return "prefill" in roles and "decode" in roles
 
     def pick(self, key: str, role: Role = "any", exclude: frozenset[str] = frozenset()) -> Replica | None:
         """A healthy replica of the role that was not tried yet; None when there is none."""
+        roles = self.roles  # one view, whatever the controller swaps in meanwhile
         allowed = {name for name, r in self.replicas.items()
-                   if r.healthy and name not in exclude and (role == "any" or self.roles.get(name) == role)}
+                   if r.healthy and name not in exclude and (role == "any" or roles.get(name) == role)}
         if not allowed:
             return None
         if self.settings.routing == "round_robin":

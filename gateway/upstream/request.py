@@ -37,6 +37,11 @@ class UpstreamRequest:
     body: dict[str, Any]
     key: str  # what affinity hashes: the session id
     prompt_tokens: int  # the gateway's own count, until the upstream reports its own
+    session_id: str | None = None  # a saved session's (namespaced by API key); None: a throwaway turn
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {} if self.session_id is None else {"X-Session-Id": self.session_id}
 
 
 def openai_message(message: Message) -> dict[str, Any]:
@@ -72,4 +77,6 @@ def build_request(model: str, turn: SessionTurn | None, prompt: Sequence[int], p
     body = {**stream, "messages": [openai_message(m) for m in renderer.messages], **sampling_fields(params)}
     if renderer.tools:
         body["tools"] = list(renderer.tools)
-    return UpstreamRequest("/chat/completions", body, turn.trajectory.state.session_id, len(prompt))
+    session_id = turn.trajectory.state.session_id
+    return UpstreamRequest("/chat/completions", body, session_id, len(prompt),
+                           session_id if turn.persistent else None)

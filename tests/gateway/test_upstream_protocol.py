@@ -4,7 +4,9 @@ before the first token, a stream cut mid-way, and the masks that cannot apply up
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +16,7 @@ import openai
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from openai.types.chat import ChatCompletionMessageParam
 from websockets.sync.client import connect
 
 from gateway.auth import ANONYMOUS
@@ -40,6 +43,7 @@ class Fake:
     name: str
     mode: str = "ok"  # ok | fail (HTTP 500) | cut (one chunk, then the connection drops)
     seen: list[dict[str, Any]] = field(default_factory=list)
+    gate: threading.Event | None = None  # when set: a prefill leg waits for it (at most 30 s) before answering
 
     def app(self) -> FastAPI:
         app = FastAPI()
@@ -50,10 +54,13 @@ class Fake:
         async def chat(request: Request) -> Any:
             body = await request.json()
             self.seen.append({"path": request.url.path, "body": body,
-                              "request_id": request.headers.get("x-request-id")})
+                              "request_id": request.headers.get("x-request-id"),
+                              "session_id": request.headers.get("x-session-id")})
             if self.mode == "fail":
                 return JSONResponse({"error": {"message": "boom", "type": "server_error"}}, status_code=500)
             if not body.get("stream"):  # vLLM's prefill leg
+                if self.gate is not None:
+                    await asyncio.to_thread(self.gate.wait, 30)
                 return {"id": "p", "object": "chat.completion", "model": MODEL, "kv_transfer_params": KV_FROM_PREFILL,
                         "choices": [{"index": 0, "message": {"role": "assistant", "content": "x"},
                                      "finish_reason": "length"}]}
@@ -100,14 +107,17 @@ def test_vllm_prefill_then_decode_legs_carry_kv_transfer_params(fakes: dict[str,
     prefill, p_url = fakes["prefill"]
     decode, d_url = fakes["decode"]
     upstreams = [{"url": p_url + "/v1", "kv_role": "kv_producer"}, {"url": d_url + "/v1", "kv_role": "kv_consumer"}]
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello."}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "system", "content": "Be brief."},
+                                                  {"role": "user", "content": "Say hello."}]
     with front(upstreams) as url, openai.OpenAI(base_url=url + "/v1", api_key="none") as client:
         stream = client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0.5,
                                                 stream=True, stream_options={"include_usage": True})
         chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "".join(REPLY)
-    assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens_details.cached_tokens == 32
+    usage = chunks[-1].usage
+    assert usage is not None and usage.prompt_tokens_details is not None
+    assert usage.prompt_tokens_details.cached_tokens == 32
     assert [s["path"] for s in prefill.seen] == ["/v1/chat/completions"]
     assert [s["path"] for s in decode.seen] == ["/v1/chat/completions"]
     p_body, d_body = prefill.seen[0]["body"], decode.seen[0]["body"]
@@ -127,6 +137,20 @@ def test_vllm_prefill_then_decode_legs_carry_kv_transfer_params(fakes: dict[str,
     assert prefill.seen[0]["request_id"] == decode.seen[0]["request_id"] is not None
 
 
+def test_a_saved_sessions_id_goes_upstream_on_both_legs(fakes: dict[str, tuple[Fake, str]]) -> None:
+    prefill, p_url = fakes["prefill"]
+    decode, d_url = fakes["decode"]
+    upstreams = [{"url": p_url + "/v1", "kv_role": "kv_producer"}, {"url": d_url + "/v1", "kv_role": "kv_consumer"}]
+    ask = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+    with front(upstreams) as url:
+        saved = httpx.post(url + "/v1/chat/completions", headers={"X-Session-Id": "s-7"}, json=ask, timeout=30)
+        throwaway = httpx.post(url + "/v1/chat/completions", json=ask, timeout=30)
+    assert saved.status_code == throwaway.status_code == 200, (saved.text, throwaway.text)
+    namespaced = session_key(ANONYMOUS, "s-7").path  # another API key's "s-7" is another session upstream too
+    assert [s["session_id"] for s in prefill.seen] == [namespaced, None]
+    assert [s["session_id"] for s in decode.seen] == [namespaced, None]
+
+
 def test_responses_http_and_websocket_over_a_chat_only_upstream(fakes: dict[str, tuple[Fake, str]]) -> None:
     chat, c_url = fakes["chat"]
     with front([c_url + "/v1"]) as url, openai.OpenAI(base_url=url + "/v1", api_key="none") as client:
@@ -135,7 +159,7 @@ def test_responses_http_and_websocket_over_a_chat_only_upstream(fakes: dict[str,
         with connect(url.replace("http://", "ws://") + "/v1/responses") as ws:
             assert ws.response is not None and ws.response.headers["x-agentserve-masks"] == "unavailable-upstream"
             ws.send(json.dumps({"type": "response.create", "model": "tiny", "input": "Over the socket."}))
-            events = []
+            events: list[dict[str, Any]] = []
             while not events or events[-1]["type"] not in ("response.completed", "response.failed", "error"):
                 events.append(json.loads(ws.recv(timeout=30)))
     assert first.output_text == second.output_text == "".join(REPLY)

@@ -32,7 +32,12 @@ WS_FAILED = ("response.failed", "error")
 
 
 class RequestFailed(RuntimeError):
-    """The gateway answered with an error, or the stream ended before its reply was complete."""
+    """The gateway answered with an error, or the stream ended before its reply was complete. An HTTP
+    refusal keeps its status and Retry-After header (overload is answered 429 or 503 with one)."""
+
+    def __init__(self, message: str, status: int | None = None, retry_after: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.retry_after = status, retry_after
 
 
 @dataclass(frozen=True)
@@ -123,7 +128,8 @@ async def chat_chunks(http: httpx.AsyncClient, body: dict[str, Any],
     """The JSON chunks of a streamed chat completion; RequestFailed on an HTTP or in-stream error."""
     async with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as response:
         if response.status_code != 200:
-            raise RequestFailed(f"HTTP {response.status_code}: {(await response.aread()).decode()[:300]}")
+            raise RequestFailed(f"HTTP {response.status_code}: {(await response.aread()).decode()[:300]}",
+                                response.status_code, response.headers.get("retry-after"))
         async for line in response.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue

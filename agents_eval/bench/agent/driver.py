@@ -129,17 +129,19 @@ class SessionRun:
             self._record(index, sent, error="still running at the drain deadline")
             raise
         except Exception as error:  # counted as this request's error; the session ends
-            self._record(index, sent, error=_describe(error))
+            self._record(index, sent, error=_describe(error), status=getattr(error, "status", None),
+                         retry_after=getattr(error, "retry_after", None))
             return False
         self.on_record(RequestRecord(self.script.session_id, index, self.script.turns[index].phase, sent,
                                      reply.ttft_s, reply.e2e_s, reply.prompt_tokens, reply.cached_tokens,
                                      reply.output_tokens))
         return True
 
-    def _record(self, index: int, sent: float, error: str) -> None:
+    def _record(self, index: int, sent: float, error: str, status: int | None = None,
+                retry_after: str | None = None) -> None:
         phase = self.script.turns[index].phase
         self.on_record(RequestRecord(self.script.session_id, index, phase, sent, e2e_s=self.clock.now() - sent,
-                                     error=error))
+                                     error=error, status=status, retry_after=retry_after))
 
 
 def _describe(error: BaseException) -> str:

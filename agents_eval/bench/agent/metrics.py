@@ -32,6 +32,8 @@ class RequestRecord:
     cached_tokens: int = 0
     output_tokens: int = 0
     error: str | None = None
+    status: int | None = None  # the HTTP status of a refused request
+    retry_after: str | None = None  # its Retry-After header
 
     @property
     def ok(self) -> bool:

@@ -1,4 +1,5 @@
-"""A redis-server of a test's own (the session-wide one must outlive tests that kill theirs)."""
+"""A redis-server of a test's own (the session-wide one must outlive tests that kill theirs), and the store
+connections of the engines a test made closed with it (an open Redis socket would warn in a later test)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from agents_eval.bench.redis_server import RedisServer, running_redis
+from engine.llm_engine import LLMEngine
 
 OwnRedis = RedisServer
 
@@ -16,3 +18,20 @@ OwnRedis = RedisServer
 def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
     with running_redis(tmp_path) as server:
         yield server
+
+OPENED: list[LLMEngine] = []
+
+
+def opened(engine: LLMEngine) -> LLMEngine:
+    """Track `engine`: its stores' connections close when the test ends (without the flush of a shutdown)."""
+    OPENED.append(engine)
+    return engine
+
+
+@pytest.fixture(autouse=True)
+def close_engine_stores() -> Iterator[None]:
+    yield
+    while OPENED:
+        engine = OPENED.pop()
+        if engine.tiers is not None:
+            engine.tiers.close()

@@ -16,7 +16,7 @@ from engine.kv_cache.engine_tiers import TierHooks
 from engine.kv_cache.settings import KVCacheSettings
 from engine.llm_engine import Completion, LLMEngine
 from engine.sampling import SamplingParams
-from tests.engine.kv_cache.conftest import OwnRedis
+from tests.engine.kv_cache.conftest import OwnRedis, opened
 
 GREEDY = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
 BLOCK = 4
@@ -25,8 +25,8 @@ PROMPT_B = list(range(500, 540))  # 40 tokens: fills a 12-block pool, evicting A
 
 
 def make_engine(num_blocks: int = 12, **kv: Any) -> LLMEngine:
-    return LLMEngine("tiny", EngineSettings(num_kv_blocks=num_blocks, block_size=BLOCK,
-                                            kv_cache=KVCacheSettings(**kv)))
+    return opened(LLMEngine("tiny", EngineSettings(num_kv_blocks=num_blocks, block_size=BLOCK,
+                                                   kv_cache=KVCacheSettings(**kv))))
 
 
 def hooks(engine: LLMEngine) -> TierHooks:

@@ -11,7 +11,7 @@ from engine.config import EngineSettings
 from engine.kv_cache.settings import KVCacheSettings
 from engine.llm_engine import LLMEngine
 from engine.sequence import SessionRef
-from tests.engine.kv_cache.conftest import OwnRedis
+from tests.engine.kv_cache.conftest import OwnRedis, opened
 from tests.engine.test_session_kv import run_turn
 
 BLOCK = 8
@@ -19,7 +19,8 @@ SESSION = SessionRef("agent-restart", ttl_s=60.0)
 
 
 def make_engine(kv: KVCacheSettings | None = None) -> LLMEngine:
-    return LLMEngine("tiny", EngineSettings(num_kv_blocks=64, block_size=BLOCK, kv_cache=kv or KVCacheSettings()))
+    return opened(LLMEngine("tiny", EngineSettings(num_kv_blocks=64, block_size=BLOCK,
+                                                   kv_cache=kv or KVCacheSettings())))
 
 
 @pytest.mark.parametrize("store", ["disk", "redis"])

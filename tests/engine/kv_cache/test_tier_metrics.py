@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
 from engine.config import EngineSettings
+from engine.kv_cache.engine_tiers import total_tier_stats
 from engine.kv_cache.settings import KVCacheSettings
+from engine.kv_cache.tiers import TierStats
 from engine.llm_engine import LLMEngine
 from engine.sampling import SamplingParams
 from gateway.metrics import PREFIX, Metrics
@@ -49,3 +53,23 @@ def test_an_engine_without_tiers_exports_none() -> None:
     metrics.sync_kv_tiers(engine.kv_tier_stats())
     assert engine.kv_tier_stats() is None
     assert kv_tiers(parse_metrics(metrics.render()[0].decode())) == {}
+
+
+def test_workers_tier_counters_sum_and_their_bandwidths_average() -> None:
+    """A disaggregated engine's total: counts summed per tier, a tier only one worker has kept, bandwidth
+    averaged over the workers that measured it."""
+    def part(host_hits: int, loaded: int, bandwidth: dict[str, float], disk: bool) -> dict[str, Any]:
+        tiers = {"host": asdict(TierStats(queries=2 * host_hits, hits=host_hits, demoted=3, blocks=1, bytes=10))}
+        if disk:
+            tiers["disk"] = asdict(TierStats(queries=1, hits=1, promoted=1))
+        return {"tiers": tiers, "loaded": loaded, "recomputed": 1, "bytes_per_s": bandwidth,
+                "prefetch": {"scheduled": 2, "started": 1}}
+
+    total = total_tier_stats([part(4, 5, {"host": 100.0, "disk": 10.0}, True), part(1, 2, {"host": 300.0}, False)])
+    assert total is not None
+    assert total["tiers"]["host"] == asdict(TierStats(queries=10, hits=5, demoted=6, blocks=2, bytes=20))
+    assert total["tiers"]["disk"] == asdict(TierStats(queries=1, hits=1, promoted=1))
+    assert (total["loaded"], total["recomputed"]) == (7, 2)
+    assert total["bytes_per_s"] == {"host": 200.0, "disk": 10.0}
+    assert total["prefetch"] == {"scheduled": 4, "started": 2}
+    assert total_tier_stats([]) is None

@@ -1,0 +1,77 @@
+"""The options of `agentserve bench overload` and its report: the SLO rate, then per run (guarded by
+admission control, unguarded) what the requests came to and whether the goals hold, with a chart."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import Any
+
+from agents_eval.bench.agent.cli import _env_item
+from agents_eval.bench.agent.configs import CONFIGS
+from agents_eval.bench.agent.metrics import Slo
+from agents_eval.bench.agent.run import progress_display
+from agents_eval.bench.agent.workload import WORKLOADS
+from agents_eval.bench.overload.overload import OverloadSettings, run_overload
+from agents_eval.report import BarChart, ReportFiles, Table, write_report
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = OverloadSettings()
+    parser.add_argument("--out", type=Path, required=True, help="folder for the report files")
+    parser.add_argument("--workload", choices=WORKLOADS, default=d.workload)
+    parser.add_argument("--config", choices=tuple(CONFIGS), default=d.config, help="the configuration overloaded")
+    parser.add_argument("--model", default=d.model, help="built-in model name or checkpoint dir")
+    parser.add_argument("--factor", type=float, default=d.factor, help="offered rate, times the SLO rate")
+    parser.add_argument("--duration", type=float, default=d.duration_s, help="seconds of each overloaded run")
+    parser.add_argument("--slo-ttft", type=float, default=d.slo.ttft_s, help="TTFT SLO, seconds")
+    parser.add_argument("--slo-tpot", type=float, default=d.slo.tpot_s, help="TPOT SLO, seconds")
+    parser.add_argument("--slo-rate", type=float, help="sessions/s known to meet the SLO: skips the search")
+    parser.add_argument("--probe-duration", type=float, default=d.probe_duration_s, help="seconds of each probe")
+    parser.add_argument("--max-probes", type=int, default=d.max_probes, help="probes of the search at most")
+    parser.add_argument("--request-timeout", type=float, default=d.request_timeout_s, help="seconds per request")
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--env", type=_env_item, action="append", default=[], metavar="AGENTSERVE_KEY=VALUE",
+                        help="setting for every gateway (repeatable)")
+
+
+def settings_from_args(args: argparse.Namespace) -> OverloadSettings:
+    return OverloadSettings(args.workload, args.config, args.model, args.factor, args.duration,
+                            Slo(args.slo_ttft, args.slo_tpot), args.slo_rate, args.probe_duration, args.max_probes,
+                            args.request_timeout, args.seed, dict(args.env))
+
+
+def _ms(seconds: float) -> str:
+    return "n/a" if math.isnan(seconds) else f"{seconds * 1000:.0f}"
+
+
+def write(out: Path, report: dict[str, Any]) -> ReportFiles:
+    slo = report["settings"]["slo"]
+    runs = report["runs"]
+    headers = ["run", "sent", "completed", "refused (status: n)", "no Retry-After", "timed out", "other errors",
+               "TTFT p99 (ms)", "TPOT p99 (ms)", "completed within SLO"]
+    rows = [[tag, str(r["sent"]), str(r["completed"]), ", ".join(f"{s}: {n}" for s, n in r["refused"].items()) or "0",
+             str(r["refused_without_retry_after"]), str(r["timed_out"]), str(r["other_errors"]),
+             _ms(r["admitted_ttft_p99_s"]), _ms(r["admitted_tpot_p99_s"]), f"{r['admitted_within_slo']:.0%}"]
+            for tag, r in runs.items()]
+    goals = [[goal, "met" if ok else "MISSED"] for goal, ok in runs["guarded"]["verdicts"].items()]
+    chart = BarChart("overload.png", f"TTFT p99 at {report['settings']['factor']:g}x the SLO rate "
+                     f"(SLO {slo['ttft_s'] * 1000:.0f} ms)", "ms", list(runs),
+                     [0.0 if math.isnan(r["admitted_ttft_p99_s"]) else r["admitted_ttft_p99_s"] * 1000
+                      for r in runs.values()])
+    notes = [f"SLO rate {report['slo_rate_sessions_per_s']:.3g} sessions/s; offered "
+             f"{report['offered_rate_sessions_per_s']:.3g} sessions/s for {report['settings']['duration_s']:g} s; "
+             f"SLO TTFT {slo['ttft_s'] * 1000:.0f} ms, TPOT {slo['tpot_s'] * 1000:.0f} ms.",
+             "guarded: admission control at the TTFT SLO; unguarded: every request admitted."]
+    return write_report(out, report, "Overload", [Table("Requests at overload", headers, rows),
+                                                  Table("Goals (guarded run)", ["goal", "verdict"], goals)],
+                        chart, notes)
+
+
+def run(args: argparse.Namespace) -> None:
+    with progress_display() as progress:
+        report = run_overload(settings_from_args(args), args.out, progress)
+    files = write(args.out, report)
+    print(files.markdown.read_text())
+    print(f"report: {files.json}, chart: {files.chart}")

@@ -1,0 +1,52 @@
+"""What an overloaded run's requests came to: completed (admitted and served), refused with a status and
+Retry-After, timed out, or failed otherwise; and the admitted requests' latency against the SLO."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from agents_eval.bench.agent.metrics import RequestRecord, Slo, meets_slo, percentile
+
+REFUSALS = (429, 503)  # what overload is answered with
+TIMEOUT_MARKS = ("TimeoutError", "ReadTimeout", "drain deadline")
+
+
+@dataclass(frozen=True)
+class Outcomes:
+    sent: int
+    completed: int
+    refused: dict[str, int]  # HTTP status -> requests
+    refused_without_retry_after: int
+    timed_out: int
+    other_errors: int
+    admitted_ttft_p99_s: float
+    admitted_tpot_p99_s: float
+    admitted_within_slo: float  # share of the completed requests meeting the SLO
+
+    def verdicts(self, slo: Slo) -> dict[str, bool]:
+        """The issue's goals: admitted p99 within the SLO; every refusal 429/503 with Retry-After; no timeout."""
+        return {"admitted_ttft_p99_within_slo": self.admitted_ttft_p99_s <= slo.ttft_s,
+                "admitted_tpot_p99_within_slo": self.admitted_tpot_p99_s <= slo.tpot_s,
+                "refusals_carry_retry_after": self.refused_without_retry_after == 0,
+                "no_timeouts": self.timed_out == 0, "no_other_errors": self.other_errors == 0}
+
+
+def is_timeout(record: RequestRecord) -> bool:
+    return record.status is None and any(mark in (record.error or "") for mark in TIMEOUT_MARKS)
+
+
+def outcomes(records: Sequence[RequestRecord], slo: Slo) -> Outcomes:
+    completed = [r for r in records if r.ok]
+    refused = [r for r in records if r.status in REFUSALS]
+    timed_out = sum(is_timeout(r) for r in records)
+    ttfts = [r.ttft_s for r in completed if r.ttft_s is not None]
+    tpots = [t for t in (r.tpot_s for r in completed) if t is not None]
+    within = sum(meets_slo(r, slo) for r in completed) / len(completed) if completed else float("nan")
+    return Outcomes(sent=len(records), completed=len(completed),
+                    refused={str(status): n for status, n in sorted(Counter(r.status for r in refused).items())},
+                    refused_without_retry_after=sum(not r.retry_after for r in refused), timed_out=timed_out,
+                    other_errors=len(records) - len(completed) - len(refused) - timed_out,
+                    admitted_ttft_p99_s=percentile(ttfts, 99.0), admitted_tpot_p99_s=percentile(tpots, 99.0),
+                    admitted_within_slo=within)
