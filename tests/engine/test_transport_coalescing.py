@@ -19,22 +19,17 @@ from engine.kv_wire import (
     encode,
     layer_runs,
 )
-from engine.transport import TRANSPORT_NAMES, make_transport, unavailable_reason
-from engine.transport.base import KVReceiver, Placement, Transport, TransportSettings
+from engine.transport import TRANSPORT_NAMES, make_transport
+from engine.transport.base import Placement, TransportSettings
+from tests.engine.transport_links import Link, open_link
 
 SETTINGS = TransportSettings(shm_ring_bytes=1 << 20, frame_timeout_s=0.5, tcp_buffer_bytes=4096)
-Link = tuple[Transport, str, KVReceiver]
 
 
 @pytest.fixture(params=TRANSPORT_NAMES)
 def link(request: pytest.FixtureRequest) -> Iterator[Link]:
-    reason = unavailable_reason(request.param)
-    if reason is not None:
-        pytest.skip(f"{request.param}: {reason}")
-    transport = make_transport(request.param, SETTINGS)
-    address, receiver = transport.listen()
-    yield transport, address, receiver
-    receiver.close()
+    with open_link(request.param, SETTINGS) as opened:
+        yield opened
 
 
 def layer_kv(tokens: int, seed: int = 0) -> torch.Tensor:

@@ -26,15 +26,15 @@ from engine.kv_wire import (
     encode_into,
     kv_layer_shape,
 )
-from engine.transport import TRANSPORT_NAMES, make_transport, unavailable_reason
-from engine.transport.base import KVReceiver, Transport, TransportError, TransportSettings
+from engine.transport import TRANSPORT_NAMES, make_transport
+from engine.transport.base import TransportError, TransportSettings
 from engine.transport.rdma import ConnectionParams, RegionLayout, aligned_buffer, imm_to_slot, slot_to_imm
 from engine.transport.tcp import TcpReceiver, TcpSender, socket_tos
+from tests.engine.transport_links import Link, open_link
 
 SETTINGS = TransportSettings(shm_ring_bytes=1 << 20, frame_timeout_s=0.5, send_timeout_s=10.0)
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 SHAPES = [(2, 16, 8, 64), (2, 3, 2, 8), (2, 1, 1, 4)]
-Link = tuple[Transport, str, KVReceiver]
 
 
 def make_blocks(count: int, seed: int = 0, shape: tuple[int, ...] = (2, 16, 2, 8),
@@ -62,13 +62,8 @@ def rewrite_header(frame: bytes, offset: int, fmt: str, value: int) -> bytes:
 
 @pytest.fixture(params=TRANSPORT_NAMES)
 def link(request: pytest.FixtureRequest) -> Iterator[Link]:
-    reason = unavailable_reason(request.param)
-    if reason is not None:
-        pytest.skip(f"{request.param}: {reason}")
-    transport = make_transport(request.param, SETTINGS)
-    address, receiver = transport.listen()
-    yield transport, address, receiver
-    receiver.close()
+    with open_link(request.param, SETTINGS) as opened:
+        yield opened
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
