@@ -33,6 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--calibration", type=Path, help="calibration file of `agentserve profile` (--validate)")
     p.add_argument("--start-rate", type=float, default=1.0, help="first sessions/s of the rate search")
     p.add_argument("--search-steps", type=int, default=3, help="bisections of the rate search after doubling")
+    p.add_argument("--tensor-parallel", type=int, nargs="+", default=[1, 2, 4, 8],
+                   help="tensor-parallel degrees the placement search tries per phase (--placement)")
     p.add_argument("--hours", type=float, default=1.0, help="simulated hours of session arrivals (--scale)")
     p.set_defaults(run=run)
     add_profile(sub.add_parser("profile", help="record the real engine's step times; write a calibration file"))

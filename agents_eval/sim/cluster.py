@@ -8,6 +8,7 @@ from pathlib import Path
 
 import simpy
 
+from agents_eval.sim.blocks import BlockHashes, SimKVCacheManager
 from agents_eval.sim.calibration import CalibratedTimer, Calibration
 from agents_eval.sim.config import ClusterConfig, Pool, transports
 from agents_eval.sim.cost import Link, RooflineTimer, StepTimer
@@ -16,7 +17,6 @@ from agents_eval.sim.specs import DeviceSpec, ModelShape
 from agents_eval.sim.tokens import TokenIds
 from agents_eval.sim.worker import Gpus, SimWorker
 from engine.batcher import make_queue_policy
-from engine.block_manager import KVCacheManager
 from engine.capacity.signals import DECODE, PREFILL
 from engine.scheduler import Scheduler
 from engine.slo import load_slo_config
@@ -46,7 +46,7 @@ class Cluster:
 def build_cluster(env: simpy.Environment, config: ClusterConfig) -> Cluster:
     shape = ModelShape.load(config.model, config.dtype)
     transport = transports()[config.transport]
-    tokens, log = TokenIds(), RunLog()
+    tokens, log, hashes = TokenIds(), RunLog(), BlockHashes()
     workers: list[SimWorker] = []
     links: dict[int, tuple[Link, simpy.Resource]] = {}
     for pool in config.pools:
@@ -56,7 +56,7 @@ def build_cluster(env: simpy.Environment, config: ClusterConfig) -> Cluster:
         for _ in range(pool.workers):
             worker_id = len(workers)
             role = PREFILL if pool.role == PREFILL else DECODE  # a colocated worker decodes and prefills locally
-            scheduler = _scheduler(config, shape, device, pool)
+            scheduler = _scheduler(config, shape, device, pool, hashes)
             workers.append(SimWorker(env, worker_id, role, scheduler, timer, Gpus(pool.device, pool.tensor_parallel),
                                      tokens, log))
             link = Link(config.node_link_bandwidth / per_node, transport.efficiency, transport.latency_s)
@@ -80,8 +80,9 @@ def kv_blocks(config: ClusterConfig, shape: ModelShape, device: DeviceSpec, pool
     return max(1, min(blocks, config.engine.max_kv_blocks))
 
 
-def _scheduler(config: ClusterConfig, shape: ModelShape, device: DeviceSpec, pool: Pool) -> Scheduler:
+def _scheduler(config: ClusterConfig, shape: ModelShape, device: DeviceSpec, pool: Pool,
+               hashes: BlockHashes) -> Scheduler:
     knobs = config.engine
-    kv = KVCacheManager(kv_blocks(config, shape, device, pool), knobs.block_size, knobs.prefix_caching)
+    kv = SimKVCacheManager(kv_blocks(config, shape, device, pool), knobs.block_size, knobs.prefix_caching, hashes)
     return Scheduler(kv, knobs.max_num_batched_tokens, knobs.max_num_seqs,
                      policy=make_queue_policy(knobs.queue_policy, load_slo_config()))

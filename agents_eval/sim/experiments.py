@@ -4,6 +4,7 @@ and TPOT targets), the seed's table, DistServe's placement search, the scale run
 from __future__ import annotations
 
 import functools
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -41,23 +42,37 @@ class Point:
 
 
 def rate_at_slo(run: Callable[[float], Summary], start: float, steps: int = 4) -> tuple[Point | None, list[Point]]:
-    """Doubling from `start` until attainment falls under the goal, then `steps` bisections; the best passing
-    point (None if even `start` fails) and every point run."""
+    """Doubling from `start` until attainment falls under the goal (halving instead, at most 6 times, while
+    `start` itself fails), then `steps` bisections; the best passing point (None if none passed) and every
+    point run."""
     points: list[Point] = []
 
     def probe(rate: float) -> bool:
         points.append(Point(rate, run(rate)))
         return points[-1].summary.attainment >= ATTAINMENT_GOAL
 
-    low, high = 0.0, start
-    while probe(high) and high < start * 64:
-        low, high = high, high * 2
+    low, high = _bracket(probe, start)
     for _ in range(steps if low else 0):
         middle = (low + high) / 2
         low, high = (middle, high) if probe(middle) else (low, middle)
     passing = [p for p in points if p.summary.attainment >= ATTAINMENT_GOAL]
     return max(passing, key=lambda p: p.summary.throughput_rps, default=None), sorted(points,
                                                                                    key=lambda p: p.session_rate)
+
+
+def _bracket(probe: Callable[[float], bool], start: float) -> tuple[float, float]:
+    """(a passing rate or 0, the failing rate above it)."""
+    if probe(start):
+        low, high = start, start * 2
+        while probe(high) and high < start * 64:
+            low, high = high, high * 2
+        return low, high
+    high = start
+    for _ in range(6):
+        if probe(high / 2):
+            return high / 2, high
+        high /= 2
+    return 0.0, high
 
 
 def seed_table(configs: list[ClusterConfig], load: Load, start_rate: float, steps: int = 3) -> list[dict[str, Any]]:
@@ -73,16 +88,21 @@ def seed_table(configs: list[ClusterConfig], load: Load, start_rate: float, step
 
 
 def placements(base: ClusterConfig, gpus: int, tensor_parallel: tuple[int, ...] = (1, 2, 4, 8)) -> list[ClusterConfig]:
-    """DistServe's search space on `gpus` GPUs of the base's decode device: every prefill:decode split of whole
-    workers at each tensor-parallel degree (one device kind, so placement is the only variable)."""
-    device, configs = base.pools[-1].device, []
-    for tp in tensor_parallel:
-        workers = gpus // tp
-        for prefill in range(1, workers):
-            pools = (Pool(device=device, nodes=prefill, gpus_per_node=tp, tensor_parallel=tp, role="prefill"),
-                     Pool(device=device, nodes=workers - prefill, gpus_per_node=tp, tensor_parallel=tp, role="decode"))
-            configs.append(base.model_copy(update={"name": f"tp{tp}-{prefill}p{workers - prefill}d",
-                                                   "pools": pools}))
+    """DistServe's search space on `gpus` GPUs: every split of whole nodes between prefill (the base's prefill
+    device, the seed's A800) and decode (its decode device, H100), each phase at each tensor-parallel degree of
+    its own; routing and engine as the base configures them. Nodes, not workers, are split: a node holds one
+    kind of GPU, and its workers share its link."""
+    devices = {pool.role: pool.device for pool in base.pools}
+    per_node = base.pools[0].gpus_per_node
+    nodes, configs = gpus // per_node, []
+    for prefill_tp, decode_tp, prefill_nodes in itertools.product(tensor_parallel, tensor_parallel, range(1, nodes)):
+        pools = (Pool(device=devices["prefill"], nodes=prefill_nodes, gpus_per_node=per_node,
+                      tensor_parallel=prefill_tp, role="prefill"),
+                 Pool(device=devices["decode"], nodes=nodes - prefill_nodes, gpus_per_node=per_node,
+                      tensor_parallel=decode_tp, role="decode"))
+        name = (f"{prefill_nodes} {devices['prefill']} tp{prefill_tp} + "
+                f"{nodes - prefill_nodes} {devices['decode']} tp{decode_tp}")
+        configs.append(base.model_copy(update={"name": name, "pools": pools}))
     return configs
 
 
@@ -95,7 +115,7 @@ def placement_search(configs: list[ClusterConfig], load: Load, start_rate: float
         gpus = sum(p.gpus for p in config.pools)
         goodput = best.summary.throughput_rps if best else 0.0
         rows.append({"placement": config.name, "gpus": gpus, "goodput_rps": goodput, "goodput_per_gpu": goodput / gpus,
-                     "session_rate": best.session_rate if best else 0.0})
+                     "session_rate": best.session_rate if best else 0.0, "at_slo": best.as_dict() if best else None})
     return sorted(rows, key=lambda row: -row["goodput_per_gpu"])
 
 

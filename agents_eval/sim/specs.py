@@ -5,6 +5,7 @@ factors, price) and `configs/models/<name>.yaml` (a `ModelConfig`; an MoE carrie
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import yaml
@@ -72,26 +73,26 @@ class ModelShape:
         config = ModelConfig.from_yaml(Path(name)) if name.endswith(".yaml") else resolve_model(name).config
         return cls.from_config(config, dtype)
 
-    @property
+    @cached_property
     def attention_params(self) -> int:
         """Per layer: q, k, v and o projections."""
         return 2 * self.hidden * self.q_width + 2 * self.hidden * self.kv_width
 
-    @property
+    @cached_property
     def router_params(self) -> int:
         return self.hidden * self.num_experts
 
-    @property
+    @cached_property
     def active_params(self) -> int:
         """Per token, all layers, LM head excluded."""
         mlp = self.dense_mlp_params + self.experts_per_token * self.expert_params + self.router_params
         return self.layers * (self.attention_params + mlp)
 
-    @property
+    @cached_property
     def total_params(self) -> int:
         mlp = self.dense_mlp_params + self.num_experts * self.expert_params + self.router_params
         return self.layers * (self.attention_params + mlp) + 2 * self.vocab * self.hidden
 
-    @property
+    @cached_property
     def kv_bytes_per_token(self) -> int:
         return 2 * self.layers * self.kv_width * self.dtype_bytes

@@ -3,9 +3,11 @@ runs that repeat under a seed."""
 
 from __future__ import annotations
 
+import gc
 import random
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,7 +31,7 @@ def _constant_steps(tmp_path: Path) -> str:
     return str(path)
 
 
-def _toy(tmp_path: Path, max_num_seqs: int = 1, **fields: object) -> ClusterConfig:
+def _toy(tmp_path: Path, max_num_seqs: int = 1, **fields: Any) -> ClusterConfig:
     pools = (Pool(device="cpu", nodes=1, gpus_per_node=1, tensor_parallel=1, role="prefill"),
              Pool(device="cpu", nodes=1, gpus_per_node=1, tensor_parallel=1, role="decode"))
     return ClusterConfig(name="toy", model="tiny", dtype="float32", pools=pools,
@@ -57,10 +59,15 @@ def test_prefill_worker_is_an_md1_queue(tmp_path: Path) -> None:
     assert sum(waits) / len(waits) == pytest.approx(rho * SERVICE_S / (2 * (1 - rho)), rel=0.05)
 
 
+def _own_methods(cls: type) -> set[str]:
+    return {name for name, value in vars(cls).items() if callable(value) and name != "__init__"}
+
+
 def test_real_policy_objects_do_the_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cluster, _ = simulate(_toy(tmp_path), _poisson_single_turns(20.0, 50, seed=2, output_tokens=4))
     worker = cluster.workers[0]
-    assert type(worker.scheduler) is Scheduler and type(worker.scheduler.kv) is KVCacheManager
+    assert type(worker.scheduler) is Scheduler and type(worker.scheduler.kv).__mro__[1] is KVCacheManager
+    assert _own_methods(type(worker.scheduler.kv)) == {"_block_hashes"}  # the memoised hash, nothing else
     assert all(r.prefill_worker == 0 for r in cluster.log.requests)  # DistServe routing: every prompt remote
 
     monkeypatch.setattr(routing, "prefill_locally", lambda *_: True)  # the router's rule, changed in place
@@ -75,6 +82,21 @@ def test_queue_policy_change_shows_in_the_simulation(tmp_path: Path, monkeypatch
     monkeypatch.setattr(batcher.FcfsPolicy, "order_waiting", lambda self, waiting, now: waiting.reverse())
     _, lifo = simulate(_toy(tmp_path), sessions)
     assert lifo.ttft_p50_s < fcfs.ttft_p50_s and lifo.ttft_p99_s > fcfs.ttft_p99_s
+
+
+def test_a_run_makes_no_reference_cycles() -> None:
+    """simulate() pauses the cyclic collector; that is safe only while reference counting frees everything."""
+    from agents_eval.sim.config import cluster_config
+
+    config, sessions = cluster_config("seed-agent"), draw_sessions("swe", seed=4, rate=0.5, duration_s=20)
+    simulate(config, sessions)  # first run: imports and module caches
+    gc.collect()
+    gc.disable()
+    try:
+        result = simulate(config, sessions)  # kept: the cluster itself is cyclic, and alive through a run
+        assert gc.collect() == 0 and result[1].requests
+    finally:
+        gc.enable()
 
 
 def test_same_seed_same_run_different_seed_different_run() -> None:
