@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 import torch
 import transformers
@@ -99,3 +100,22 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real redis-server on a free loopback port, stopped after the session."""
     with running_redis(tmp_path_factory.mktemp("redis")) as server:
         yield server.url
+
+
+OPENED_CLIENTS: list[openai.OpenAI] = []
+
+
+def openai_client(url: str, key: str = "unused") -> openai.OpenAI:
+    """An openai client of the gateway at `url` (no retries), closed when the test ends: one left open keeps its
+    keep-alive socket until the collector finds it, and the ResourceWarning then fails whichever test runs.
+    A module-scoped fixture opens its own with `with openai.OpenAI(...)`."""
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+    OPENED_CLIENTS.append(client)
+    return client
+
+
+@pytest.fixture(autouse=True)
+def close_openai_clients() -> Iterator[None]:
+    yield
+    while OPENED_CLIENTS:
+        OPENED_CLIENTS.pop().close()

@@ -19,7 +19,7 @@ from gateway.auth import hash_key
 from gateway.session_store import session_key
 from gateway.settings import GatewaySettings, LimitSettings
 from gateway.state import GatewayState
-from tests.conftest import free_port
+from tests.conftest import free_port, openai_client
 from tests.gateway.conftest import serving
 
 VIP_KEY, LIMITED_KEY, GOLD_KEY = "sk-vip-test", "sk-limited-test", "sk-gold-test"
@@ -40,7 +40,7 @@ def secured() -> Iterator[tuple[str, GatewayState]]:
 
 
 def client(url: str, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+    return openai_client(url, key)
 
 
 def test_missing_and_wrong_keys_get_401_in_openai_shape(secured: tuple[str, GatewayState]) -> None:

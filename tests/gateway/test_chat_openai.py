@@ -28,8 +28,9 @@ TOOLS: list[Any] = [{"type": "function", "function": {
 
 
 @pytest.fixture(scope="module")
-def client(gateway_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{gateway_url}/v1", api_key="x", max_retries=0)
+def client(gateway_url: str) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{gateway_url}/v1", api_key="x", max_retries=0) as opened:
+        yield opened
 
 
 def user(text: str) -> list[Any]:
@@ -281,8 +282,8 @@ def session_client() -> Iterator[openai.OpenAI]:
         patch.setenv("AGENTSERVE_TRAJECTORY_TTL__FLOOR_S", "120")
         app = create_app(GatewaySettings(model="tiny", port=port),
                          LLMEngine("tiny", EngineSettings(num_kv_blocks=256)))
-    with serving(app, port) as url:
-        yield openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+    with serving(app, port) as url, openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as opened:
+        yield opened
 
 
 def run_conversation(client: openai.OpenAI, topic: str, turns: int, **session: Any) -> list[Any]:

@@ -10,10 +10,10 @@ import subprocess
 import time
 
 import httpx
-import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.conftest import openai_client
 from tests.gateway.conftest import ADMIN, ADMIN_HEADERS, GatewayProcess
 
 pytestmark = pytest.mark.slow
@@ -51,7 +51,7 @@ def forecaster_samples(url: str) -> list[dict[str, str]]:
 
 def test_chat_and_streaming_through_the_openai_sdk(disaggregated: tuple[subprocess.Popen[bytes], str]) -> None:
     _, url = disaggregated
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    client = openai_client(url)
     messages = [{"role": "user", "content": "List the files in the repository. " * 30}]
     whole = client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0,
                                            extra_body={"ignore_eos": True})  # type: ignore[arg-type]
@@ -92,7 +92,7 @@ def test_a_transport_that_always_fails_shows_at_metrics(gateway_process: Gateway
 def test_a_websocket_session_reuses_its_kv_on_the_decode_worker(
         disaggregated: tuple[subprocess.Popen[bytes], str]) -> None:
     _, url = disaggregated
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    client = openai_client(url)
     previous, usages = None, []
     with client.responses.connect() as connection:
         for turn in range(4):

@@ -23,7 +23,7 @@ from agents import responses_websocket_session as agents_websocket_session
 from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine
 from gateway.settings import GatewaySettings
-from tests.conftest import free_port
+from tests.conftest import free_port, openai_client
 from tests.gateway.conftest import running_gateway
 from tests.gateway.test_observations import NOISY, counters
 
@@ -60,7 +60,7 @@ def assert_each_turn_reuses_the_last(usages: list[tuple[int, int, int]]) -> None
 
 
 def test_openai_sdk_chat_session_with_tool_calls(gateway_url: str) -> None:
-    client = openai.OpenAI(base_url=f"{gateway_url}/v1", api_key="unused", max_retries=0)
+    client = openai_client(gateway_url)
     messages: list[Any] = [{"role": "system", "content": "You fix failing tests."},
                            {"role": "user", "content": "Fix the failing test."}]
     usages = []

@@ -10,10 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from openai import OpenAI
 
 from engine.config import REPO_ROOT
-from tests.conftest import free_port
+from tests.conftest import free_port, openai_client
 from tests.gateway.conftest import wait_until_ready
 
 pytestmark = pytest.mark.slow
@@ -40,7 +39,7 @@ def main_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def test_answers_in_english(main_job: str) -> None:
-    client = OpenAI(base_url=f"{main_job}/v1", api_key="unused", max_retries=0)
+    client = openai_client(main_job)
     [model] = [m.id for m in client.models.list().data]
     assert model == "smollm2"
     question = [{"role": "user", "content": "What is the capital of France?"}]

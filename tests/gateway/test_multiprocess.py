@@ -23,10 +23,10 @@ from tests.gateway.conftest import GatewayProcess
 
 
 def chat(url: str, messages: list[dict[str, Any]], session_id: str | None = None) -> Any:
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
     headers = {"X-Session-Id": session_id} if session_id else {}
-    return client.chat.completions.create(model="tiny", messages=messages,  # type: ignore[arg-type]
-                                          temperature=0, max_tokens=8, extra_headers=headers)
+    with openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as client:
+        return client.chat.completions.create(model="tiny", messages=messages,  # type: ignore[arg-type]
+                                              temperature=0, max_tokens=8, extra_headers=headers)
 
 
 def two_turns(first: Callable[[list[dict[str, Any]]], Any],

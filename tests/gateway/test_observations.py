@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -22,8 +22,9 @@ COUNTERS = ("agentserve:pruned_tokens_total", "agentserve:masked_tokens_total")
 
 
 @pytest.fixture(scope="module")
-def client(gateway_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{gateway_url}/v1", api_key="unused", max_retries=0)
+def client(gateway_url: str) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{gateway_url}/v1", api_key="unused", max_retries=0) as opened:
+        yield opened
 
 
 def counters(url: str) -> dict[str, float]:

@@ -3,6 +3,7 @@ response builder on its own (the finishes the tiny random model never produces: 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, cast
 
 import httpx
@@ -15,17 +16,18 @@ from engine.llm_engine import LLMEngine
 from engine.output import RequestOutput
 from gateway.responses_events import ResponseStream
 from gateway.settings import GatewaySettings
-from tests.conftest import free_port
+from tests.conftest import free_port, openai_client
 from tests.gateway.conftest import running_gateway
 
 
 def sdk(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    return openai_client(url)
 
 
 @pytest.fixture(scope="module")
-def client(gateway_url: str) -> openai.OpenAI:
-    return sdk(gateway_url)
+def client(gateway_url: str) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{gateway_url}/v1", api_key="unused", max_retries=0) as opened:
+        yield opened
 
 
 def test_create_returns_a_message_usage_and_the_request_echo(client: openai.OpenAI) -> None:

@@ -22,7 +22,7 @@ from gateway.auth import ANONYMOUS
 from gateway.responses_ws import uvicorn_websocket_options
 from gateway.session_store import session_key
 from gateway.settings import GatewaySettings, LimitSettings
-from tests.conftest import free_port
+from tests.conftest import free_port, openai_client
 from tests.gateway.conftest import running_gateway
 
 TERMINAL = ("response.completed", "response.incomplete", "response.failed", "error")
@@ -49,7 +49,7 @@ def gateway() -> Iterator[Gateway]:
 
 
 def sdk(gateway: Gateway) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
+    return openai_client(gateway.url)
 
 
 def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:

@@ -20,9 +20,9 @@ from tests.gateway.conftest import running_gateway, serving
 
 
 def chat(url: str, messages: list[dict[str, Any]], session_id: str) -> Any:
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
-    return client.chat.completions.create(model="tiny", messages=messages,  # type: ignore[arg-type]
-                                          temperature=0, max_tokens=8, extra_headers={"X-Session-Id": session_id})
+    with openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as client:
+        return client.chat.completions.create(model="tiny", messages=messages,  # type: ignore[arg-type]
+                                              temperature=0, max_tokens=8, extra_headers={"X-Session-Id": session_id})
 
 
 def opening() -> list[dict[str, Any]]:
