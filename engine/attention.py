@@ -76,6 +76,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
     """q: [T, H, D]; k, v: [T, KV, D]. Returns [T, H, D]."""
     kv_cache[0].index_copy_(0, meta.slot_mapping, k)
     kv_cache[1].index_copy_(0, meta.slot_mapping, v)
+    if len(meta.spans) == 1:  # one sequence (a lone decode stream): its span is the whole step
+        return _attend_span(q, kv_cache, meta.spans[0], scale)
     out = torch.empty_like(q)
     for span in meta.spans:
         end = span.query_start + span.query_len
@@ -88,8 +90,7 @@ def _attend_span(q: torch.Tensor, kv_cache: torch.Tensor, span: QuerySpan, scale
     kernels, so heads are grouped by hand: a lone query's group becomes its query rows (no copy), and a
     chunk's K/V are repeated per query head. Inputs are 4-D (batch 1): with 3-D ones torch takes its
     unfused math path, three times slower on a decode step."""
-    keys = kv_cache[0].index_select(0, span.context_slots).transpose(0, 1).unsqueeze(0)  # [1, KV, L, D]
-    values = kv_cache[1].index_select(0, span.context_slots).transpose(0, 1).unsqueeze(0)
+    keys, values = kv_cache.index_select(1, span.context_slots).transpose(1, 2).unsqueeze(1)  # [1, KV, L, D] each
     num_heads, num_kv_heads = q.shape[1], keys.shape[1]
     if span.query_len == 1:
         grouped = q.view(1, num_kv_heads, num_heads // num_kv_heads, q.shape[2])  # head h uses kv head h // group

@@ -23,7 +23,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # one op: a decode step has 61
+            return torch.rms_norm(x, self.weight.shape, self.weight, self.eps)  # one op: a decode step has 61
         normed = F.rms_norm(x.float(), self.weight.shape, eps=self.eps)  # in float32, as Hugging Face
         return self.weight * normed.to(x.dtype)
 
@@ -65,18 +65,17 @@ def _llama3_inv_freq(inv_freq: Tensor, scaling: dict) -> Tensor:
 
 
 def rope_tables(config: ModelConfig) -> tuple[Tensor, Tensor]:
-    """cos and sin, [max_position_embeddings, head_dim] each, in the rotate-half layout."""
+    """cos and signed sin, [max_position_embeddings, head_dim] each, in the rotate-half layout: the sin
+    table's first half is negated, so rotating half of x is a roll (see `apply_rope`)."""
     positions = torch.arange(config.max_position_embeddings, dtype=torch.float32, device="cpu")
     freqs = torch.outer(positions, rope_inv_freq(config))
-    angles = torch.cat((freqs, freqs), dim=-1)
-    return angles.cos(), angles.sin()
+    return torch.cat((freqs, freqs), dim=-1).cos(), torch.cat((-freqs.sin(), freqs.sin()), dim=-1)
 
 
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x: [T, heads, D]; cos, sin: [T, 1, D]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def apply_rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
+    """x: [T, heads, D]; cos, signed_sin: [T, 1, D]. Hugging Face's x * cos + cat(-x2, x1) * sin, bit for bit
+    (negating a factor is exact), in four ops instead of seven."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
 
 
 class Attention(nn.Module):
@@ -148,7 +147,7 @@ class DecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     rope_cos: Tensor
-    rope_sin: Tensor
+    rope_signed_sin: Tensor
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -158,12 +157,12 @@ class LlamaModel(nn.Module):
         # Built on the CPU even under a meta-device context, so a model loaded with assign=True is complete.
         cos, sin = rope_tables(config)
         self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self.register_buffer("rope_signed_sin", sin, persistent=False)
 
     def forward(self, input_ids: Tensor, positions: Tensor, kv_caches: list[Tensor],
                 attn: AttentionMetadata) -> Tensor:
         cos = self.rope_cos[positions].unsqueeze(1)
-        sin = self.rope_sin[positions].unsqueeze(1)
+        sin = self.rope_signed_sin[positions].unsqueeze(1)
         x = self.embed_tokens(input_ids)
         for index, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             x = layer(x, cos, sin, kv_cache, attn)

@@ -49,10 +49,10 @@ class Int4Linear(nn.Module):
         self.register_buffer("bias", bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        flat = x.reshape(-1, self.in_features).to(COMPUTE_DTYPE)
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_and_zeros)
-        out = out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
-        return out if self.bias is None else out + self.bias
+        if x.dim() != 2:
+            return self(x.reshape(-1, self.in_features)).reshape(*x.shape[:-1], self.out_features)
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(COMPUTE_DTYPE), self.packed, GROUP, self.scales_and_zeros)
+        return out.to(x.dtype) if self.bias is None else out.to(x.dtype).add_(self.bias)
 
 
 class Int8Linear(nn.Module):
@@ -65,10 +65,10 @@ class Int8Linear(nn.Module):
         self.register_buffer("bias", bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        flat = x.reshape(-1, self.in_features).to(COMPUTE_DTYPE)
-        out = torch.ops.aten._weight_int8pack_mm(flat, self.weight_int8, self.scale)
-        out = out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
-        return out if self.bias is None else out + self.bias
+        if x.dim() != 2:
+            return self(x.reshape(-1, self.in_features)).reshape(*x.shape[:-1], self.out_features)
+        out = torch.ops.aten._weight_int8pack_mm(x.to(COMPUTE_DTYPE), self.weight_int8, self.scale)
+        return out.to(x.dtype) if self.bias is None else out.to(x.dtype).add_(self.bias)
 
 
 def quantized_linear(parts: Sequence[GGUFTensor], bias: Tensor | None) -> nn.Module:
