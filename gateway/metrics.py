@@ -258,8 +258,9 @@ class Metrics:
         self.counters.load_signal_failures.inc(self._failures.delta("signals", failures))
 
     def sync_kv_tiers(self, stats: Mapping[str, Any] | None, source: str = "engine") -> None:
-        """The engine's KV tier counters (`LLMEngine.kv_tier_stats()`; None: no tiers). A tier's hit ratio is
-        kvcache_tier_hits_total / kvcache_tier_queries_total, both per `tier` label."""
+        """The engine's KV tier counters (`LLMEngine.kv_tier_stats()`; None: no tiers), and each tier's hit ratio
+        since the start (`kvcache_hit_ratio{tier}`; over a window: kvcache_tier_hits_total over
+        kvcache_tier_queries_total)."""
         if stats is None:
             return
         tiers = self._tiers
@@ -268,6 +269,7 @@ class Metrics:
                 counter.labels(tier).inc(tiers.baseline.delta(f"{source}:{tier}:{name}", counts[name]))
             tiers.blocks.labels(tier).set(counts["blocks"])
             tiers.bytes.labels(tier).set(counts["bytes"])
+            tiers.hit_ratio.labels(tier).set(counts["hits"] / counts["queries"] if counts["queries"] else 0.0)
         for outcome in ("loaded", "recomputed"):
             tiers.decisions.labels(outcome).inc(tiers.baseline.delta(f"{source}:{outcome}", stats[outcome]))
 
@@ -290,6 +292,7 @@ class TierMetrics:
     blocks: Gauge
     bytes: Gauge
     decisions: Counter
+    hit_ratio: Gauge  # hits / queries since the engine started: for a rate window, use the two counters
     baseline: CumulativeBaseline = field(default_factory=CumulativeBaseline)
 
     @classmethod
@@ -305,7 +308,9 @@ class TierMetrics:
         return cls(counters, Gauge(PREFIX + "kvcache_blocks", "KV blocks a tier holds.", ("tier",), registry=registry),
                    Gauge(PREFIX + "kvcache_bytes", "Bytes of KV a tier holds.", ("tier",), registry=registry),
                    Counter(PREFIX + "kvcache_load_decisions_total", "Blocks a lower tier held, by outcome: loaded, "
-                           "or recomputed (cheaper than loading).", ("outcome",), registry=registry))
+                           "or recomputed (cheaper than loading).", ("outcome",), registry=registry),
+                   Gauge(PREFIX + "kvcache_hit_ratio", "Block lookups a KV tier answered, of those that reached it, "
+                         "since the start.", ("tier",), registry=registry))
 
 
 def _now(now: float | None) -> float:

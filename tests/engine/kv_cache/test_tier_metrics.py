@@ -39,6 +39,8 @@ def test_tier_counters_reach_the_metrics_and_the_monitor(tmp_path: Path) -> None
     assert stats["tiers"]["host"]["demoted"] > 0 and stats["tiers"]["disk"]["demoted"] > 0
     host = stats["tiers"]["host"]
     assert tiers["host"]["hit_ratio"] == host["hits"] / host["queries"]
+    ratios = {dict(s.labels)["tier"]: s.value for s in scrape.samples[f"{PREFIX}kvcache_hit_ratio"]}
+    assert ratios["host"] == host["hits"] / host["queries"] > 0 and set(ratios) == {"host", "disk"}
     loaded = {dict(s.labels)["outcome"]: s.value for s in scrape.samples[f"{PREFIX}kvcache_load_decisions_total"]}
     assert loaded["loaded"] == stats["loaded"] > 0
     console = Console(width=160, record=True)
