@@ -60,7 +60,8 @@ def write(out: Path, report: dict[str, Any]) -> ReportFiles:
                      f"(SLO {slo['ttft_s'] * 1000:.0f} ms)", "ms", list(runs),
                      [0.0 if math.isnan(r["admitted_ttft_p99_s"]) else r["admitted_ttft_p99_s"] * 1000
                       for r in runs.values()])
-    notes = [f"SLO rate {report['slo_rate_sessions_per_s']:.3g} sessions/s; offered "
+    bound = " (a lower bound: every probe met the SLO)" if report["slo_rate_is_lower_bound"] else ""
+    notes = [f"SLO rate {report['slo_rate_sessions_per_s']:.3g} sessions/s{bound}; offered "
              f"{report['offered_rate_sessions_per_s']:.3g} sessions/s for {report['settings']['duration_s']:g} s; "
              f"SLO TTFT {slo['ttft_s'] * 1000:.0f} ms, TPOT {slo['tpot_s'] * 1000:.0f} ms.",
              "guarded: admission control at the TTFT SLO; unguarded: every request admitted."]

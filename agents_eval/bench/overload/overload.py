@@ -55,8 +55,10 @@ def search_settings(settings: OverloadSettings) -> AgentBenchSettings:
                               slo=settings.slo, search=search)
 
 
-def find_slo_rate(settings: OverloadSettings, out_dir: Path, progress: Progress) -> tuple[float, list[dict[str, Any]]]:
-    """The configuration's SLO rate, and its probes (rate, attainment)."""
+def find_slo_rate(settings: OverloadSettings, out_dir: Path,
+                  progress: Progress) -> tuple[float, list[dict[str, Any]], bool]:
+    """The configuration's SLO rate, its probes (rate, attainment), and whether every probe met the SLO (the
+    rate is then a lower bound: raise --max-probes)."""
     bench = search_settings(settings)
     workloads = probe_workloads(bench)
     assert bench.search is not None
@@ -64,7 +66,7 @@ def find_slo_rate(settings: OverloadSettings, out_dir: Path, progress: Progress)
     search = searches[settings.config]
     if search.rate <= 0:
         raise RuntimeError("no rate probed met the SLO: relax --slo-ttft / --slo-tpot or give --slo-rate")
-    return search.rate, [{"rate": p.rate, "attainment": p.attainment} for p in search.probes]
+    return search.rate, [{"rate": p.rate, "attainment": p.attainment} for p in search.probes], search.capped
 
 
 def overloaded(settings: OverloadSettings, rate: float, guarded: bool, out_dir: Path,
@@ -84,10 +86,11 @@ def overloaded(settings: OverloadSettings, rate: float, guarded: bool, out_dir: 
 def run_overload(settings: OverloadSettings, out_dir: Path, progress: Progress) -> dict[str, Any]:
     settings.validate()
     probes: list[dict[str, Any]] = []
-    slo_rate = settings.slo_rate
+    slo_rate, lower_bound = settings.slo_rate, False
     if slo_rate is None:
-        slo_rate, probes = find_slo_rate(settings, out_dir, progress)
+        slo_rate, probes, lower_bound = find_slo_rate(settings, out_dir, progress)
     rate = settings.factor * slo_rate
     runs = {tag: overloaded(settings, rate, tag == "guarded", out_dir, progress) for tag in ("guarded", "unguarded")}
-    return {"settings": asdict(settings), "slo_rate_sessions_per_s": slo_rate, "search_probes": probes,
+    return {"settings": asdict(settings), "slo_rate_sessions_per_s": slo_rate, "slo_rate_is_lower_bound": lower_bound,
+            "search_probes": probes,
             "offered_rate_sessions_per_s": rate, "runs": runs, "goals_met": all(runs["guarded"]["verdicts"].values())}
