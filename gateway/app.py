@@ -38,14 +38,17 @@ from trajectory.template import load_chat_template
 
 
 def build_engine(settings: GatewaySettings) -> ServingEngine:
-    """The embedded engine: colocated, or worker processes when the config says disaggregated; with upstreams,
-    the model's tokenizer front only."""
+    """The embedded engine, always in worker processes: one colocated worker, or prefill and decode workers when
+    the config says disaggregated (in this process only with `engine_in_process`, for debugging); with
+    upstreams, the model's tokenizer front only."""
     if settings.upstreams:
         return TokenizerFront(settings.model)
-    if not settings.disaggregated:
+    if settings.engine_in_process and not settings.disaggregated:
         return LLMEngine(settings.model, EngineSettings())
-    from engine.worker.coordinator import DisaggregatedEngine  # worker processes: only when asked
+    from engine.worker.coordinator import DisaggregatedEngine, colocated_engine
 
+    if not settings.disaggregated:
+        return colocated_engine(settings.model, EngineSettings())
     return DisaggregatedEngine(settings.model, EngineSettings(), capacity=CapacitySettings())
 
 

@@ -35,6 +35,7 @@ class GatewaySettings(YamlSettings):
     port: int = 8000
     model: str = "smollm2"  # built-in model name, GGUF file or checkpoint directory
     disaggregated: bool = False  # prefill and decode workers (configs/deployment.yaml) instead of one engine
+    engine_in_process: bool = False  # debugging: the colocated engine on a thread of the gateway, not a worker
     served_model_name: str | None = None  # the name clients use; defaults to the model's
     redis_url: str | None = None  # sessions (and rate limits) in Redis when set
     session_ttl_s: float = 3600.0

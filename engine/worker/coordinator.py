@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import multiprocessing as mp
 import socket
 import time
 from collections.abc import Sequence
@@ -35,8 +34,9 @@ from engine.stats import AgentSignals, EngineStats
 from engine.worker import messages as m
 from engine.worker.capacity_loop import CapacityLoop
 from engine.worker.deployment import DeploymentSettings
-from engine.worker.handles import WorkerHandle, start_workers, stop_workers
+from engine.worker.handles import WorkerHandle
 from engine.worker.placement import Placer
+from engine.worker.pool import WorkerPool
 from engine.worker.session_homes import SessionHomes
 from engine.worker.tracking import Tracked, TransferLog
 
@@ -46,24 +46,27 @@ log = logging.getLogger(__name__)
 class DisaggregatedEngine:
     def __init__(self, model: str, settings: EngineSettings | None = None,
                  deployment: DeploymentSettings | None = None, capacity: CapacitySettings | None = None) -> None:
+        """capacity None: no capacity controller (the roles stay as deployed; the colocated engine)."""
         self.settings = settings or EngineSettings()
         self.deployment = deployment or DeploymentSettings()
-        capacity = capacity or CapacitySettings()
         self.config, self.checkpoint = read_model_config(model)
         self.max_model_len = self.config.max_position_embeddings
         self.tokenizer = load_tokenizer_or_none(self.checkpoint)
         self.validator = RequestValidator(self.config, self.tokenizer, self.settings.block_size,
                                           num_kv_blocks(self.config, self.settings),
                                           frozenset(load_slo_config().classes))
-        self.workers = start_workers(mp.get_context("spawn"), model, self.settings, self.deployment)
+        self.pool = WorkerPool(model, self.settings, self.deployment)
+        self.workers = self.pool.workers
         self.homes = SessionHomes(self.settings.block_size)
-        self.placer = Placer(self.workers, self.homes, capacity, self.settings.block_size)
-        self.capacity = CapacityLoop(capacity, self.workers, self.set_role)
+        self.placer = Placer(self.workers, self.homes, capacity or CapacitySettings(), self.settings.block_size)
+        self.capacity = CapacityLoop(capacity, self.workers, self.set_role) if capacity is not None else None
+        self.parked: list[Tracked] = []  # requests with no live worker, while a dead one is started again
         self.tracked: dict[str, Tracked] = {}
         self.by_attempt: dict[str, Tracked] = {}
         self.transfers = TransferLog()
         self.role_switches: list[float] = []  # seconds from SetRole to applied, offset-corrected
         self.dead_workers: list[int] = []
+        self.stopping = False
         self._ids = itertools.count()
         self._counters: dict[int, m.KVCounters] = {}
         self._wake_r, self._wake_w = socket.socketpair()
@@ -93,6 +96,9 @@ class DisaggregatedEngine:
         """Place and send an attempt; a worker found dead on sending is buried and the attempt placed again."""
         self.by_attempt[tracked.attempt_id] = tracked
         tracked.worker_ids = set()
+        if not any(w.alive for w in self.workers) and self.pool.starting():
+            self.parked.append(tracked)
+            return
         placement = self.placer.place(tracked.session, tracked.token_ids, self._loads())
         submit = m.Submit(tracked.attempt_id, tracked.token_ids, tracked.params,
                           tracked.masked_spans, session=tracked.session)
@@ -121,16 +127,20 @@ class DisaggregatedEngine:
         return True
 
     def _loads(self) -> dict[int, int]:
-        """Requests each worker is busy with, as the coordinator knows them (placement's load)."""
+        """Requests each worker is busy with, as the coordinator knows them (placement's load): a request being
+        prefilled counts on its decode worker too, so a burst spreads over the decoders."""
         loads = {w.worker_id: 0 for w in self.workers if w.alive}
-        for tracked in self.tracked.values():
-            for worker_id in tracked.worker_ids:
-                if worker_id in loads:
-                    loads[worker_id] += 1
+        bound = [w for tracked in self.tracked.values() for w in tracked.worker_ids]
+        bound += [decoder for w in self.workers for decoder in w.pending_decode.values()]
+        for worker_id in bound:
+            if worker_id in loads:
+                loads[worker_id] += 1
         return loads
 
     def abort(self, request_id: str) -> None:
         tracked = self.tracked.pop(request_id, None)
+        if tracked in self.parked:
+            self.parked.remove(tracked)
         if tracked is not None:
             for worker in self.workers:
                 if worker.worker_id in tracked.worker_ids and worker.alive:
@@ -148,15 +158,26 @@ class DisaggregatedEngine:
 
     def step(self, timeout_s: float = 0.05) -> list[RequestOutput]:
         outputs: list[RequestOutput] = []
-        ready = wait([w.conn for w in self.workers if w.alive] + [self._wake_r], timeout_s)
+        ready = wait([w.conn for w in self.workers if w.alive and w.conn] + [self._wake_r], timeout_s)
         if self._wake_r in ready:
             self._drain_wakeups()
         for worker in self.workers:
-            if worker.conn in ready:
+            if worker.conn in ready and worker.alive:
                 outputs += self._drain(worker)
         self._check_liveness()
-        self.capacity.tick(time.monotonic())
+        self._tend_pool(time.monotonic())
+        if self.capacity is not None:
+            self.capacity.tick(time.monotonic())
         return outputs
+
+    def _tend_pool(self, now: float) -> None:
+        """Workers that finished (re)starting take the parked requests; new nodes get workers."""
+        serving = self.pool.advance()
+        self.pool.watch_nodes(now)
+        if self.parked and (serving or not self.pool.starting()):
+            parked, self.parked = self.parked, []
+            for tracked in parked:
+                self._dispatch(tracked)
 
     def _drain_wakeups(self) -> None:
         with contextlib.suppress(BlockingIOError):
@@ -165,9 +186,10 @@ class DisaggregatedEngine:
 
     def _drain(self, worker: WorkerHandle) -> list[RequestOutput]:
         outputs: list[RequestOutput] = []
+        conn = worker.conn
         try:
-            while worker.conn.poll():
-                outputs += self._on_event(worker, worker.conn.recv())
+            while conn is not None and conn.poll() and worker.alive:
+                outputs += self._on_event(worker, conn.recv())
         except (EOFError, OSError):
             self._worker_died(worker)
         return outputs
@@ -184,7 +206,10 @@ class DisaggregatedEngine:
         elif isinstance(event, m.RoleChanged):
             latency = max(0.0, event.applied_at - worker.clock_offset_s - event.sent_at)
             self.role_switches.append(latency)
-            self.capacity.role_applied(time.monotonic(), worker.worker_id, event.role, latency)
+            if self.capacity is not None:
+                self.capacity.role_applied(time.monotonic(), worker.worker_id, event.role, latency)
+        elif isinstance(event, m.Listening):
+            self.pool.listening(event)
         return []
 
     def _forward_handoff(self, worker: WorkerHandle, event: m.Prefilled) -> None:
@@ -224,7 +249,7 @@ class DisaggregatedEngine:
         del self.tracked[tracked.request_id]
         self.by_attempt.pop(tracked.attempt_id, None)
         now = time.monotonic()
-        if tracked.first_token_at is not None and reason != "abort":
+        if tracked.first_token_at is not None and reason != "abort" and self.capacity is not None:
             self.capacity.times.observe(tracked.first_token_at - tracked.submitted_at, now - tracked.first_token_at)
         if tracked.session is not None and reason != "abort":
             self.homes.turn_finished(tracked.session.key, worker.worker_id, tracked.token_ids + tracked.output_ids,
@@ -241,7 +266,10 @@ class DisaggregatedEngine:
         worker.alive = False
         self.dead_workers.append(worker.worker_id)
         self.homes.forget_worker(worker.worker_id)
-        log.error("engine worker %d (pid %s) died; re-running its requests", worker.worker_id, worker.process.pid)
+        log.error("engine worker %d (pid %s) died; re-running its requests", worker.worker_id, worker.pid)
+        self.pool.forget(worker.worker_id)
+        if not self.stopping:
+            self.pool.restart(worker)
         for tracked in list(self.tracked.values()):
             waiting_decode = any(w.pending_decode.get(tracked.attempt_id) == worker.worker_id for w in self.workers)
             if worker.worker_id in tracked.worker_ids or waiting_decode:
@@ -261,14 +289,17 @@ class DisaggregatedEngine:
         return self._send(self.workers[worker_id], m.SetSessionTTL(key, ttl_s))
 
     def update_signals(self, signals: AgentSignals) -> None:
-        self.capacity.update_signals(signals, time.monotonic())
+        if self.capacity is not None:
+            self.capacity.update_signals(signals, time.monotonic())
 
     def stats(self) -> EngineStats:
         alive = [w for w in self.workers if w.alive]
         roles = {role: sum(w.role == role for w in alive) for role in (m.PREFILL, m.DECODE)}
-        return replace(EngineStats.total([w.stats for w in alive], roles), alerts=self.capacity.alerts.gauges(),
-                       role_moves=self.capacity.moves, capacity_target=self.capacity.target(),
-                       last_move_at=self.capacity.last_move_at)
+        total = EngineStats.total([w.stats for w in alive], roles)
+        if self.capacity is None:
+            return total
+        return replace(total, alerts=self.capacity.alerts.gauges(), role_moves=self.capacity.moves,
+                       capacity_target=self.capacity.target(), last_move_at=self.capacity.last_move_at)
 
     def kv_tier_stats(self) -> dict[str, Any] | None:
         """The workers' KV tier counters summed, as of their latest Load reports (a dead worker's last one
@@ -304,6 +335,14 @@ class DisaggregatedEngine:
 
     def shutdown(self, deadline_s: float = 10.0) -> list[m.KVCounters]:
         """Stop every worker within the deadline; their KV transfer counters."""
+        self.stopping = True
         self._wake_r.close()
         self._wake_w.close()
-        return stop_workers(self.workers, deadline_s)
+        return self.pool.stop(deadline_s)
+
+
+def colocated_engine(model: str, settings: EngineSettings | None = None) -> DisaggregatedEngine:
+    """The colocated engine as a worker process: one worker that prefills and decodes everything, no capacity
+    controller; a killed one is started again and its requests re-run."""
+    settings = settings or EngineSettings()
+    return DisaggregatedEngine(model, settings, DeploymentSettings.colocated(settings.num_threads))

@@ -3,11 +3,27 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal, Self
 
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from engine.config import YamlSettings
+
+
+class RaySettings(BaseModel):
+    """Placement on a Ray cluster: the seed's prefill nodes and decode nodes are Ray nodes started with a
+    custom resource naming their role (`ray start --resources='{"agentserve_prefill": 1}'`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    address: str = "auto"  # the cluster to join (ray.init's address); "auto": the one this machine belongs to
+    role_resources: dict[str, str] = Field(default_factory=lambda: {"prefill": "agentserve_prefill",
+                                                                    "decode": "agentserve_decode"})
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 0.0
+    coordinator_host: str | None = None  # where workers dial the coordinator; None: this node's IP as Ray sees it
+    watch_nodes_s: float = Field(default=2.0, gt=0)  # how often new nodes are looked for (a worker per new node)
 
 
 class DeploymentSettings(YamlSettings):
@@ -18,8 +34,24 @@ class DeploymentSettings(YamlSettings):
     prefill: int = 1
     decode: int = 1
     transport: str = "shm"  # inproc | shm | tcp | rdma
-    threads_per_worker: int = 1
+    threads_per_worker: int | None = 1  # None: torch's default (every core)
     kv_timeout_s: float = 5.0  # a decode worker recomputes a request whose KV is not in by then
     ready_timeout_s: float = 180.0
     clock_offset_warn_s: float = 0.001
     kv_fault: str | None = None  # failure testing only: corrupt_payload | wrong_version | cut | drop
+    max_restarts: int = Field(default=3, ge=0)  # a dead worker is started again this often, then left dead
+    placement: Literal["local", "ray"] = "local"  # child processes here, or Ray actors across a Ray cluster
+    ray: RaySettings = Field(default_factory=RaySettings)
+
+    @model_validator(mode="after")
+    def _kv_crosses_nodes(self) -> Self:
+        if self.placement == "ray" and self.transport in ("inproc", "shm"):
+            raise ValueError(f"placement ray puts workers on several nodes: transport {self.transport!r} cannot "
+                             "reach across them (tcp or rdma)")
+        return self
+
+    @classmethod
+    def colocated(cls, threads: int | None = None) -> DeploymentSettings:
+        """One worker that prefills and decodes every request: the colocated engine, as its own process."""
+        return cls(prefill=0, decode=1, transport="inproc", threads_per_worker=threads, placement="local")
+

@@ -1,4 +1,5 @@
-"""Starting, handshaking with and stopping worker processes."""
+"""The serving process's handle on one worker, and its life: launched (by a `Launcher`: a local child process
+or a Ray actor), connected, handshaken (Ready, clock offset), stopped."""
 
 from __future__ import annotations
 
@@ -7,72 +8,102 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from multiprocessing.context import SpawnContext, SpawnProcess
-from typing import Any
+from typing import Any, Protocol
 
-from engine.config import EngineSettings
 from engine.stats import EngineStats
 from engine.worker import messages as m
 from engine.worker.deployment import DeploymentSettings
-from engine.worker.worker import WorkerSpec, run_worker
+from engine.worker.worker import WorkerSpec
 
 log = logging.getLogger(__name__)
 CLOCK_SAMPLES = 8
+
+
+class WorkerProcess(Protocol):
+    """Where a worker runs: `multiprocessing`'s process, or a Ray actor's run."""
+
+    @property
+    def pid(self) -> int | None: ...
+    def is_alive(self) -> bool: ...
+    def join(self, timeout: float | None = None) -> None: ...
+    def kill(self) -> None: ...
 
 
 @dataclass(eq=False)
 class WorkerHandle:
     worker_id: int
     role: str
-    process: SpawnProcess
-    conn: Connection
+    process: WorkerProcess
+    conn: Connection | None  # None: launched, not connected yet (a Ray actor dials in)
     kv_addresses: dict[int, str] = field(default_factory=dict)  # sending worker id -> address here
     clock_offset_s: float = 0.0  # worker clock minus ours
-    alive: bool = True
+    alive: bool = True  # serving: connected, ready, not found dead
+    starting: bool = False  # launched, Ready not in yet (alive turns True with it)
+    started_at: float = 0.0  # monotonic time of the launch
+    pid: int | None = None  # the worker's own, from its Ready
+    node: str = ""  # where it runs: "local", or the Ray node id
     pending_decode: dict[str, int] = field(default_factory=dict)  # attempt id -> decode worker, while prefilling
     stats: EngineStats = field(default_factory=EngineStats)  # its latest Load report
     kv_tiers: dict[str, Any] | None = None  # the KV tier counters of its latest Load report; None: no tiers
     switched_at: float = 0.0  # monotonic time of its last role change (hysteresis)
 
     def send(self, command: m.Command) -> None:
+        if self.conn is None:
+            raise BrokenPipeError(f"worker {self.worker_id} is not connected")
         self.conn.send(command)
 
 
-def start_workers(context: SpawnContext, model: str, settings: EngineSettings,
-                  deployment: DeploymentSettings) -> list[WorkerHandle]:
-    roles = [m.PREFILL] * deployment.prefill + [m.DECODE] * deployment.decode
-    handles = [_spawn(context, index, role, model, settings, deployment, len(roles))
-               for index, role in enumerate(roles)]
+class Launcher(Protocol):
+    """Starts workers somewhere (on `spec.node` when set); `connection` is the worker's pipe once it has one
+    (None: not yet); `new_nodes` are nodes fit for a role that host none of the `occupied` ones' workers."""
+
+    def launch(self, spec: WorkerSpec) -> WorkerHandle: ...
+    def connection(self, handle: WorkerHandle) -> Connection | None: ...
+    def new_nodes(self, occupied: set[str]) -> list[tuple[str, str]]: ...  # (node, role)
+    def close(self) -> None: ...
+
+
+def start_workers(launcher: Launcher, specs: list[WorkerSpec], deployment: DeploymentSettings) -> list[WorkerHandle]:
+    """Launch every worker at once, then wait until each has sent its Ready."""
+    handles = [launcher.launch(spec) for spec in specs]
     try:
-        for handle in handles:
-            _handshake(handle, deployment)
+        deadline = time.monotonic() + deployment.ready_timeout_s
+        while any(handle.starting for handle in handles):
+            for handle in handles:
+                advance_start(launcher, handle, deployment, time.monotonic() > deadline)
+            time.sleep(0.01)
     except BaseException:
         stop_workers(handles, 5.0)
         raise
     return handles
 
 
-def _spawn(context: SpawnContext, index: int, role: str, model: str, settings: EngineSettings,
-           deployment: DeploymentSettings, num_workers: int) -> WorkerHandle:
-    ours, theirs = context.Pipe()
-    spec = WorkerSpec(index, model, settings, deployment.transport, role, deployment.threads_per_worker,
-                      deployment.kv_timeout_s, deployment.kv_fault if role == m.PREFILL else None,
-                      peers=tuple(peer for peer in range(num_workers) if peer != index))
-    process = context.Process(target=run_worker, args=(spec, theirs), name=f"agentserve-worker-{index}",
-                              daemon=True)
-    process.start()
-    theirs.close()
-    return WorkerHandle(index, role, process, ours)
-
-
-def _handshake(handle: WorkerHandle, deployment: DeploymentSettings) -> None:
-    if not handle.conn.poll(deployment.ready_timeout_s):
+def advance_start(launcher: Launcher, handle: WorkerHandle, deployment: DeploymentSettings,
+                  overdue: bool) -> bool:
+    """Take a starting worker's Ready if it is in (True: it now serves); raises when it failed to start."""
+    if not handle.starting:
+        return False
+    handle.conn = handle.conn or launcher.connection(handle)
+    if handle.conn is not None and handle.conn.poll(0):
+        _handshake(handle, handle.conn, deployment)
+        return True
+    if not handle.process.is_alive():
+        raise RuntimeError(f"worker {handle.worker_id} ended before it was ready")
+    if overdue:
         raise RuntimeError(f"worker {handle.worker_id} sent no ready message in {deployment.ready_timeout_s} s")
-    ready = handle.conn.recv()
+    return False
+
+
+def _handshake(handle: WorkerHandle, conn: Connection, deployment: DeploymentSettings) -> None:
+    try:
+        ready = conn.recv()
+    except (EOFError, OSError) as error:
+        raise RuntimeError(f"worker {handle.worker_id} closed its pipe before it was ready") from error
     if not isinstance(ready, m.Ready):
         raise RuntimeError(f"worker {handle.worker_id} started with {ready!r} instead of a ready message")
-    handle.kv_addresses = ready.kv_addresses
-    handle.clock_offset_s = estimate_clock_offset(handle.conn)
+    handle.kv_addresses, handle.pid, handle.node = ready.kv_addresses, ready.pid, ready.node
+    handle.clock_offset_s = estimate_clock_offset(conn)
+    handle.starting, handle.alive = False, True
     if abs(handle.clock_offset_s) > deployment.clock_offset_warn_s:
         log.warning("worker %d clock is %.3f ms off this process's", handle.worker_id, handle.clock_offset_s * 1e3)
 
@@ -94,7 +125,9 @@ def stop_workers(handles: list[WorkerHandle], deadline_s: float) -> list[m.KVCou
     """Ask every worker to stop after its current step; kill what is still running at the deadline."""
     counters = []
     for handle in handles:
-        if handle.alive and handle.process.is_alive():
+        if handle.conn is None:  # launched, never connected: nothing to drain
+            handle.process.kill()
+        elif (handle.alive or handle.starting) and handle.process.is_alive():
             try:
                 handle.send(m.Shutdown(deadline_s))
             except (BrokenPipeError, OSError):
@@ -107,11 +140,13 @@ def stop_workers(handles: list[WorkerHandle], deadline_s: float) -> list[m.KVCou
             log.warning("worker %d did not stop in time; killing it", handle.worker_id)
             handle.process.kill()
             handle.process.join(5)
-        handle.alive = False
+        handle.alive = handle.starting = False
     return counters
 
 
 def _collect_stopped(handle: WorkerHandle, deadline: float) -> list[m.KVCounters]:
+    if handle.conn is None:
+        return []
     try:
         while handle.conn.poll(max(0.0, deadline - time.monotonic())):
             event = handle.conn.recv()

@@ -71,8 +71,15 @@ class CountersQuery:
     pass
 
 
+@dataclass
+class Listen:
+    """Open a KV receiver for a worker that joined after this one started (answered by `Listening`)."""
+
+    peer_id: int
+
+
 Command = (Submit | AcceptHandoff | Abort | SetRole | SetSessionTTL | Ping | Shutdown | InjectKVFault
-           | CountersQuery)
+           | CountersQuery | Listen)
 
 
 # worker -> coordinator
@@ -82,6 +89,21 @@ class Ready:
     pid: int
     role: str
     kv_addresses: dict[int, str]  # peer worker id -> where that worker sends this one KV
+    node: str = "local"  # where it runs: "local", or its Ray node id
+
+
+@dataclass
+class Hello:
+    """A worker that dials in (a Ray actor) says who it is, before it loads the model."""
+
+    worker_id: int
+
+
+@dataclass
+class Listening:
+    worker_id: int
+    peer_id: int
+    address: str
 
 
 @dataclass
@@ -144,4 +166,4 @@ class Load:
     kv_tiers: dict[str, Any] | None = None  # its KV tier counters (LLMEngine.kv_tier_stats); None: no tiers
 
 
-Event = Load | Ready | Outputs | Prefilled | RoleChanged | Pong | Stopped | Counters
+Event = Load | Ready | Outputs | Prefilled | RoleChanged | Pong | Stopped | Counters | Hello | Listening

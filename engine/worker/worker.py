@@ -20,7 +20,7 @@ from engine.llm_engine import LLMEngine
 from engine.output import RequestOutput
 from engine.sequence import SessionRef
 from engine.transport import make_transport
-from engine.transport.base import KVReceiver
+from engine.transport.base import KVReceiver, Transport, TransportSettings
 from engine.worker import messages as m
 from engine.worker.kv_assembly import KVAssembler
 from engine.worker.kv_stream import LayerStreamer
@@ -36,41 +36,50 @@ class WorkerSpec:
     engine: EngineSettings
     transport: str
     role: str
-    num_threads: int
+    num_threads: int | None  # torch intra-op threads; None: torch's default (every core)
     kv_timeout_s: float
     kv_fault: str | None = None  # failure testing only: see kv_stream.FAULTS
     report_interval_s: float = 0.1  # how often a busy worker sends its Load
     peers: tuple[int, ...] = ()  # the other workers: each gets a KV receiver of its own here
+    kv_host: str | None = None  # where its KV receivers listen (tcp, rdma); None: the transport's setting
+    node: str = "local"  # where it runs: "local", or its Ray node id
 
 
 def run_worker(spec: WorkerSpec, conn: Connection) -> None:
     """Process entry point."""
-    torch.set_num_threads(spec.num_threads)
+    if spec.num_threads:
+        torch.set_num_threads(spec.num_threads)
     engine = LLMEngine(spec.model, spec.engine)
-    transport = make_transport(spec.transport)
-    listening = {peer: transport.listen() for peer in spec.peers}  # a ring has one sender: one per peer
-    receivers = [receiver for _, receiver in listening.values()]
-    worker = Worker(spec, engine, conn, receivers, LayerStreamer(engine, transport.connect, spec.kv_fault))
-    addresses = {peer: address for peer, (address, _) in listening.items()}
-    conn.send(m.Ready(spec.worker_id, os.getpid(), spec.role, addresses))
+    transport = make_transport(spec.transport, TransportSettings(host=spec.kv_host) if spec.kv_host else None)
+    worker = Worker(spec, engine, conn, transport)
+    addresses = {peer: worker.listen(peer) for peer in spec.peers}  # a ring has one sender: one per peer
+    conn.send(m.Ready(spec.worker_id, os.getpid(), spec.role, addresses, spec.node))
     try:
         worker.loop()
     finally:
         worker.streamer.close()
-        for receiver in receivers:
+        for receiver in worker.receivers:
             receiver.close()
+        engine.shutdown()
 
 
 class Worker:
-    def __init__(self, spec: WorkerSpec, engine: LLMEngine, conn: Connection, receivers: list[KVReceiver],
-                 streamer: LayerStreamer) -> None:
-        self.spec, self.engine, self.conn, self.receivers, self.streamer = spec, engine, conn, receivers, streamer
+    def __init__(self, spec: WorkerSpec, engine: LLMEngine, conn: Connection, transport: Transport) -> None:
+        self.spec, self.engine, self.conn, self.transport = spec, engine, conn, transport
+        self.receivers: list[KVReceiver] = []
+        self.streamer = LayerStreamer(engine, transport.connect, spec.kv_fault)
         self.role = spec.role
         self.assembler = KVAssembler(engine.config.num_hidden_layers, engine.settings.block_size, spec.kv_timeout_s)
         self.stopping = False
         self.handoff_sessions: dict[str, SessionRef] = {}  # prefill-only request -> session its decoder pins
         self.last_report = 0.0
         self.unreported = False  # it stepped since its last Load report
+
+    def listen(self, peer_id: int) -> str:
+        """A KV receiver of its own for one sending peer; its address."""
+        address, receiver = self.transport.listen()
+        self.receivers.append(receiver)
+        return address
 
     def loop(self) -> None:
         while not self.stopping:
@@ -120,6 +129,8 @@ class Worker:
             self.streamer.set_fault(command.fault)
         elif isinstance(command, m.CountersQuery):
             self.conn.send(m.Counters(self.spec.worker_id, self.assembler.counters))
+        elif isinstance(command, m.Listen):
+            self.conn.send(m.Listening(self.spec.worker_id, command.peer_id, self.listen(command.peer_id)))
 
     def _submit(self, command: m.Submit) -> None:
         prefill_only = command.decode_address is not None
