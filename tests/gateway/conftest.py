@@ -19,8 +19,9 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
+from engine.async_engine import ServingEngine
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
+from engine.worker.coordinator import colocated_engine
 from gateway.app import create_app
 from gateway.auth import hash_key
 from gateway.settings import GatewaySettings
@@ -43,7 +44,7 @@ def wait_until_ready(url: str, timeout_s: float = 180.0) -> None:  # workers loa
 
 
 @contextlib.contextmanager
-def running_gateway(settings: GatewaySettings, engine: LLMEngine | None = None) -> Iterator[str]:
+def running_gateway(settings: GatewaySettings, engine: ServingEngine | None = None) -> Iterator[str]:
     """uvicorn serving the app in a background thread; yields its base URL."""
     with serving(create_app(settings, engine), settings.port) as url:
         yield url
@@ -67,9 +68,9 @@ def serving(app: FastAPI, port: int) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def gateway_url() -> Iterator[str]:
+    """The gateway as it serves by default: its engine in a worker process of its own."""
     settings = GatewaySettings(model="tiny", port=free_port(), default_max_tokens=16, api_keys=[ADMIN])
-    engine = LLMEngine("tiny", EngineSettings(num_kv_blocks=1024))
-    with running_gateway(settings, engine) as url:
+    with running_gateway(settings, colocated_engine("tiny", EngineSettings(num_kv_blocks=1024))) as url:
         yield url
 
 

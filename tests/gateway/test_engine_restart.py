@@ -1,0 +1,40 @@
+"""The gateway's engine is a process of its own: killed in the middle of a streamed reply, it is started
+again and the reply goes on from where it was, whole and identical to an undisturbed one."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import pytest
+
+from engine.config import EngineSettings
+from engine.worker.coordinator import colocated_engine
+from gateway.settings import GatewaySettings
+from tests.conftest import free_port, openai_client
+from tests.gateway.conftest import running_gateway
+
+pytestmark = pytest.mark.slow
+MESSAGES: list[Any] = [{"role": "user", "content": "Describe every file of the repository."}]
+GREEDY: dict[str, Any] = {"model": "tiny", "messages": MESSAGES, "max_tokens": 300, "temperature": 0,
+                          "extra_body": {"ignore_eos": True}}
+
+
+def test_a_killed_engine_process_restarts_and_the_stream_completes() -> None:
+    engine = colocated_engine("tiny", EngineSettings(num_kv_blocks=512))
+    with running_gateway(GatewaySettings(model="tiny", port=free_port()), engine) as url:
+        client = openai_client(url)
+        whole = client.chat.completions.create(**GREEDY)
+        first_pid = engine.workers[0].pid
+        assert first_pid is not None and first_pid != os.getpid()
+        pieces = []
+        for chunk in client.chat.completions.create(**GREEDY, stream=True):
+            if chunk.choices and chunk.choices[0].delta.content:
+                pieces.append(chunk.choices[0].delta.content)
+                if len(pieces) == 3:
+                    os.kill(first_pid, signal.SIGKILL)
+        assert "".join(pieces) == whole.choices[0].message.content
+        assert engine.dead_workers == [0] and engine.workers[0].pid not in (None, first_pid)
+        again = client.chat.completions.create(**GREEDY)
+        assert again.choices[0].message.content == whole.choices[0].message.content
