@@ -151,6 +151,8 @@ class AsyncLLMEngine:
             self.engine.add_request(token_ids, params, request_id, masked_spans=masked_spans, session=session)
         except ValueError as error:
             self._deliver(request_id, error)
+        except RuntimeError as error:  # no worker left to take it
+            self._deliver(request_id, EngineDeadError(str(error)))
 
     def _run(self) -> None:
         while not self._stopping.is_set():

@@ -12,6 +12,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from engine.async_engine import EngineDeadError
 from engine.sampling import RequestError
 from gateway.openapi import declare_errors
 from trajectory.template_types import ChatTemplateError
@@ -100,6 +101,11 @@ def install_error_handlers(app: FastAPI) -> None:
     async def store_down(_: Request, error: Exception) -> JSONResponse:
         api = store_unavailable(error)
         return JSONResponse(api.body(), status_code=api.status, headers=api.headers)
+
+    @app.exception_handler(EngineDeadError)
+    async def engine_down(_: Request, error: EngineDeadError) -> JSONResponse:
+        body = error_body(f"the engine is unavailable: {error}", "service_unavailable_error", code="engine_unavailable")
+        return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
 
     @app.exception_handler(Exception)
     async def internal(_: Request, error: Exception) -> JSONResponse:  # logged by the server as well

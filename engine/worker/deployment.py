@@ -20,10 +20,12 @@ class RaySettings(BaseModel):
     address: str = "auto"  # the cluster to join (ray.init's address); "auto": the one this machine belongs to
     role_resources: dict[str, str] = Field(default_factory=lambda: {"prefill": "agentserve_prefill",
                                                                     "decode": "agentserve_decode"})
+    accelerator_types: dict[str, str] = Field(default_factory=dict)  # role -> GPU type (Ray's, e.g. H100)
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = 0.0
     coordinator_host: str | None = None  # where workers dial the coordinator; None: this node's IP as Ray sees it
-    watch_nodes_s: float = Field(default=2.0, gt=0)  # how often new nodes are looked for (a worker per new node)
+    watch_nodes_s: float = Field(default=2.0, gt=0)  # how often nodes that joined are looked for
+    workers_per_joined_node: int = Field(default=1, ge=1)  # started on each node that joins with a role resource
 
 
 class DeploymentSettings(YamlSettings):

@@ -85,7 +85,8 @@ class WorkerPool:
         self.last_watch = now
         occupied = {w.node for w in self.workers if w.alive or w.starting}
         for node, role in self.launcher.new_nodes(occupied):
-            self._join(node, role)
+            for _ in range(self.deployment.ray.workers_per_joined_node):
+                self._join(node, role)
 
     def _join(self, node: str, role: str) -> None:
         worker_id = len(self.workers)

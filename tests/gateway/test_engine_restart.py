@@ -7,10 +7,12 @@ import os
 import signal
 from typing import Any
 
+import httpx
 import pytest
 
 from engine.config import EngineSettings
-from engine.worker.coordinator import colocated_engine
+from engine.worker.coordinator import DisaggregatedEngine, colocated_engine
+from engine.worker.deployment import DeploymentSettings
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port, openai_client
 from tests.gateway.conftest import running_gateway
@@ -38,3 +40,18 @@ def test_a_killed_engine_process_restarts_and_the_stream_completes() -> None:
         assert engine.dead_workers == [0] and engine.workers[0].pid not in (None, first_pid)
         again = client.chat.completions.create(**GREEDY)
         assert again.choices[0].message.content == whole.choices[0].message.content
+
+
+def test_with_no_restart_left_requests_get_503_not_a_hang() -> None:
+    deployment = DeploymentSettings.colocated().model_copy(update={"max_restarts": 0})
+    engine = DisaggregatedEngine("tiny", EngineSettings(num_kv_blocks=512), deployment)
+    with running_gateway(GatewaySettings(model="tiny", port=free_port()), engine) as url:
+        pid = engine.workers[0].pid
+        assert pid is not None and pid != os.getpid()
+        os.kill(pid, signal.SIGKILL)
+        for _ in range(2):  # the death found by a request, then known
+            response = httpx.post(f"{url}/v1/chat/completions", timeout=60,
+                                  json={"model": "tiny", "messages": MESSAGES, "max_tokens": 4})
+            assert response.status_code == 503, response.text
+            assert response.json()["error"]["code"] == "engine_unavailable"
+            assert response.headers["retry-after"] == "5"

@@ -90,6 +90,8 @@ class RayLauncher:
         resource = self.settings.role_resources.get(spec.role)
         if resource and resource in ray.cluster_resources():
             options["resources"] = {resource: RESOURCE_SHARE}
+        if accelerator := self.settings.accelerator_types.get(spec.role):
+            options["accelerator_type"] = accelerator
         if spec.node:
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(spec.node, soft=False)
         return options
