@@ -62,7 +62,8 @@ def build_state(settings: GatewaySettings, engine: ServingEngine) -> GatewayStat
     manager = UpstreamSessions if isinstance(async_engine, UpstreamEngine) else SessionManager
     sessions = manager(store, template, engine.tokenizer, Policies.load(), settings.session_ttl_s)
     limits = settings.limits
-    admission = AdmissionController(limits.ttft_slo_s, limits.initial_prefill_tokens_per_s)
+    admission = AdmissionController(limits.ttft_slo_s, limits.initial_prefill_tokens_per_s,
+                                    tpot_slo_s=limits.tpot_slo_s)
     signals = load_signals(settings, async_engine)
     signals.watch(admission)  # the admitted work is the capacity controller's demand
     holds = HoldLimits(limits.max_sessions_per_key, limits.max_websockets_per_key)

@@ -127,6 +127,7 @@ BENCHMARKS = {
     "overload": ("agents_eval.bench.overload", "2x the SLO rate: admitted requests within the SLO, the rest refused"),
     "upstream": ("agents_eval.bench.upstream", "session-affine routing against round-robin over upstream replicas"),
     "kv-cache": ("agents_eval.bench.kv_cache", "improved LFU against LRU and the unbounded bound on a trace"),
+    "ipc": ("agents_eval.bench.ipc", "engine messages between processes: pickle against msgspec"),
 }
 
 

@@ -15,6 +15,7 @@ from engine.mask import MaskedSpan
 from engine.output import RequestOutput
 from engine.sampling import SamplingParams, TokenLogprob
 from engine.sequence import SessionRef
+from gateway.admission import AdmissionDecision
 from gateway.errors import APIError
 from gateway.metrics import RequestTrace
 from gateway.sessions import SessionTurn, message_digest
@@ -76,29 +77,34 @@ async def generate_choices(gw: GatewayState, prompt: Sequence[int], params: list
                            session: SessionRef | None = None) -> AsyncIterator[tuple[int, RequestOutput]]:
     """Run len(params) choices of one prompt, once admission control lets it in; only choice 0 pins the
     session's KV. Raises APIError 503 (with Retry-After) when the queued prefill work would break the TTFT
-    SLO."""
+    SLO, or its streams with those in flight the TPOT SLO."""
     request_id = f"req-{uuid.uuid4().hex}"
     trace = gw.metrics.request_started(stats.endpoint)
-    queued_ahead = gw.admission.queued_tokens  # prefill work that must drain before this request's
     decode = sum(gw.signals.expected_output_tokens(stats.session_id, p.max_tokens) for p in params)
     decision = gw.admission.try_admit(request_id, stats.prefill_estimate, decode_tokens=decode, streams=len(params))
     if not decision.admit:
         gw.metrics.rejected(decision.reason)
-        raise APIError(503, f"the engine is overloaded: about {decision.estimated_wait_s:.1f} s of queued prefill "
-                       "work", "service_unavailable", None, "overloaded",
-                       {"Retry-After": str(max(1, math.ceil(decision.retry_after_s)))})
+        raise _overloaded(decision)
     streams = [gw.engine.generate(list(prompt), p, f"{request_id}-{index}", masked_spans=masked_spans,
                                   session=session if index == 0 else None) for index, p in enumerate(params)]
     gw.metrics.handed_to_engine(trace)
-    observed = _Observed(gw, trace, request_id, time.monotonic(), queued_ahead)
+    observed = _Observed(gw, trace, request_id, time.monotonic())
     if stats.session_id is not None and stats.phase is not None:
         gw.signals.turn_started(stats.session_id, stats.phase, stats.prefill_estimate)
     try:
         async for index, out in (_single(streams[0]) if len(streams) == 1 else _merge(streams)):
-            observed.output(out)
+            observed.output(index, out)
             yield index, out
     finally:
         observed.done(stats)
+
+
+def _overloaded(decision: AdmissionDecision) -> APIError:
+    """The 503 of a refused request; Retry-After: when enough admitted work should have drained."""
+    detail = (f"about {decision.estimated_wait_s:.1f} s to the first token" if decision.reason == "ttft_slo"
+              else f"about {decision.estimated_tpot_s * 1000:.0f} ms per output token with this request")
+    return APIError(503, f"the engine is overloaded: {detail}", "service_unavailable", None, "overloaded",
+                    {"Retry-After": str(max(1, math.ceil(decision.retry_after_s)))})
 
 
 async def _single(stream: AsyncIterator[RequestOutput]) -> AsyncIterator[tuple[int, RequestOutput]]:
@@ -112,26 +118,34 @@ class _Observed:
     trace: RequestTrace
     request_id: str
     submitted: float
-    queued_ahead: int  # tokens queued before it: its time to first token drains them too
     first: bool = True
     prompt_tokens: int = 0
     cached_tokens: int = 0
     output_tokens: int = 0
     finish_reason: str = "abort"
+    last_output_at: dict[int, float] = field(default_factory=dict)  # choice index -> when its tokens last came
 
-    def output(self, out: RequestOutput) -> None:
+    def output(self, index: int, out: RequestOutput) -> None:
         self.prompt_tokens, self.cached_tokens = out.num_prompt_tokens, out.num_cached_tokens
         self.output_tokens += len(out.new_token_ids)
         if out.new_token_ids and self.first:
             self.first = False
             self.gw.metrics.first_token(self.trace, len(out.new_token_ids))
             self.gw.admission.on_first_token(self.request_id)
-            drained = self.queued_ahead + self.prompt_tokens - self.cached_tokens
-            self.gw.admission.observe_prefill(drained, time.monotonic() - self.submitted)
         elif out.new_token_ids:
             self.gw.metrics.token(self.trace, len(out.new_token_ids))
+        if out.new_token_ids:
+            self._observe_gap(index, len(out.new_token_ids))
         if out.finished and out.finish_reason:
             self.finish_reason = out.finish_reason
+
+    def _observe_gap(self, index: int, tokens: int) -> None:
+        """The time since this choice's previous tokens: the decode rate admission weighs against the TPOT SLO."""
+        now = time.monotonic()
+        previous = self.last_output_at.get(index)
+        if previous is not None:
+            self.gw.admission.observe_tokens(self.request_id, tokens, now - previous)
+        self.last_output_at[index] = now
 
     def done(self, stats: TurnStats) -> None:
         self.gw.admission.on_finish(self.request_id)

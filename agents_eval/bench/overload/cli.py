@@ -49,9 +49,10 @@ def _ms(seconds: float) -> str:
 def write(out: Path, report: dict[str, Any]) -> ReportFiles:
     slo = report["settings"]["slo"]
     runs = report["runs"]
-    headers = ["run", "sent", "completed", "refused (status: n)", "no Retry-After", "timed out", "other errors",
-               "TTFT p99 (ms)", "TPOT p99 (ms)", "completed within SLO"]
+    headers = ["run", "sent", "completed", "refused (status: n)", "refused for", "no Retry-After", "timed out",
+               "other errors", "TTFT p99 (ms)", "TPOT p99 (ms)", "completed within SLO"]
     rows = [[tag, str(r["sent"]), str(r["completed"]), ", ".join(f"{s}: {n}" for s, n in r["refused"].items()) or "0",
+             ", ".join(f"{cause}: {n}" for cause, n in r.get("refused_for", {}).items()) or "-",
              str(r["refused_without_retry_after"]), str(r["timed_out"]), str(r["other_errors"]),
              _ms(r["admitted_ttft_p99_s"]), _ms(r["admitted_tpot_p99_s"]), f"{r['admitted_within_slo']:.0%}"]
             for tag, r in runs.items()]
@@ -64,7 +65,7 @@ def write(out: Path, report: dict[str, Any]) -> ReportFiles:
     notes = [f"SLO rate {report['slo_rate_sessions_per_s']:.3g} sessions/s{bound}; offered "
              f"{report['offered_rate_sessions_per_s']:.3g} sessions/s for {report['settings']['duration_s']:g} s; "
              f"SLO TTFT {slo['ttft_s'] * 1000:.0f} ms, TPOT {slo['tpot_s'] * 1000:.0f} ms.",
-             "guarded: admission control at the TTFT SLO; unguarded: every request admitted."]
+             "guarded: admission control at the TTFT and TPOT SLO; unguarded: every request admitted."]
     return write_report(out, report, "Overload", [Table("Requests at overload", headers, rows),
                                                   Table("Goals (guarded run)", ["goal", "verdict"], goals)],
                         chart, notes)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agents_eval.bench.agent.metrics import RequestRecord, Slo, meets_slo, percentile
 
 REFUSALS = (429, 503)  # what overload is answered with
 TIMEOUT_MARKS = ("TimeoutError", "ReadTimeout", "drain deadline")
+REFUSAL_CAUSES = {"to the first token": "ttft", "per output token": "tpot"}  # in the gateway's 503 messages
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class Outcomes:
     admitted_ttft_p99_s: float
     admitted_tpot_p99_s: float
     admitted_within_slo: float  # share of the completed requests meeting the SLO
+    refused_for: dict[str, int] = field(default_factory=dict)  # the SLO admission guarded ("ttft", "tpot") -> n
 
     def verdicts(self, slo: Slo) -> dict[str, bool]:
         """The issue's goals: admitted p99 within the SLO; every refusal 429/503 with Retry-After; no timeout."""
@@ -35,6 +37,10 @@ class Outcomes:
 
 def is_timeout(record: RequestRecord) -> bool:
     return record.status is None and any(mark in (record.error or "") for mark in TIMEOUT_MARKS)
+
+
+def refusal_cause(record: RequestRecord) -> str:
+    return next((cause for text, cause in REFUSAL_CAUSES.items() if text in (record.error or "")), "other")
 
 
 def outcomes(records: Sequence[RequestRecord], slo: Slo) -> Outcomes:
@@ -49,4 +55,4 @@ def outcomes(records: Sequence[RequestRecord], slo: Slo) -> Outcomes:
                     refused_without_retry_after=sum(not r.retry_after for r in refused), timed_out=timed_out,
                     other_errors=len(records) - len(completed) - len(refused) - timed_out,
                     admitted_ttft_p99_s=percentile(ttfts, 99.0), admitted_tpot_p99_s=percentile(tpots, 99.0),
-                    admitted_within_slo=within)
+                    admitted_within_slo=within, refused_for=dict(Counter(refusal_cause(r) for r in refused)))

@@ -1,6 +1,6 @@
 """The overload run: the configuration's SLO rate (the agent benchmark's search, admission off as in every
 probe), then `factor` times that rate for `duration_s`, once with the gateway's admission control set to the
-TTFT SLO ("guarded") and once without ("unguarded"), on the same workload over chat completions with
+TTFT and TPOT SLO ("guarded") and once without ("unguarded"), on the same workload over chat completions with
 `X-Session-Id` (an HTTP refusal carries its Retry-After header)."""
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from agents_eval.bench.agent.workload import WorkloadOptions, build_workload
 from agents_eval.bench.overload.outcomes import outcomes
 from agents_eval.report import check_settings
 
-ADMISSION_SLO_ENV = "AGENTSERVE_LIMITS__TTFT_SLO_S"
+ADMISSION_TTFT_ENV = "AGENTSERVE_LIMITS__TTFT_SLO_S"
+ADMISSION_TPOT_ENV = "AGENTSERVE_LIMITS__TPOT_SLO_S"
 
 
 @dataclass(frozen=True)
@@ -71,10 +72,11 @@ def find_slo_rate(settings: OverloadSettings, out_dir: Path,
 
 def overloaded(settings: OverloadSettings, rate: float, guarded: bool, out_dir: Path,
                progress: Progress) -> dict[str, Any]:
-    """One run at `rate`; with `guarded`, admission control refuses what would miss the TTFT SLO."""
+    """One run at `rate`; with `guarded`, admission control refuses what would miss the TTFT or TPOT SLO."""
     workload = build_workload(WorkloadOptions(settings.workload, settings.seed, rate, settings.duration_s),
                               settings.model, rate)
-    env = {**settings.env, **({ADMISSION_SLO_ENV: str(settings.slo.ttft_s)} if guarded else {})}
+    slo_env = {ADMISSION_TTFT_ENV: str(settings.slo.ttft_s), ADMISSION_TPOT_ENV: str(settings.slo.tpot_s)}
+    env = {**settings.env, **(slo_env if guarded else {})}
     limits = RunLimits(settings.duration_s, None, settings.request_timeout_s, settings.request_timeout_s)
     options = RunOptions(settings.model, HTTP, limits, env=env)
     tag = "guarded" if guarded else "unguarded"
