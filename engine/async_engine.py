@@ -18,7 +18,7 @@ from engine.output import RequestOutput
 from engine.requests import Prompt
 from engine.sampling import RequestError, SamplingParams
 from engine.sequence import SessionRef
-from engine.stats import AgentSignals, EngineStats
+from engine.stats import AgentSignals, EngineStats, WorkerReport
 from engine.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -65,6 +65,7 @@ class ServingEngine(Protocol):
     def set_session_ttl(self, key: str, ttl_s: float) -> bool: ...
     def stats(self) -> EngineStats: ...
     def kv_tier_stats(self) -> dict[str, Any] | None: ...  # KV tier counters; None: no tiers below the device
+    def worker_reports(self) -> list[WorkerReport]: ...  # each worker process's load; []: no worker processes
     def update_signals(self, signals: AgentSignals) -> None: ...
     def shutdown(self, deadline_s: float = 10.0) -> object: ...
 

@@ -26,7 +26,7 @@ from engine.sampling import RequestError, SamplingParams, TokenLogprob
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import Sequence, SessionRef
 from engine.slo import SloConfig, load_slo_config
-from engine.stats import AgentSignals, EngineStats, StepTimer, queue_stats
+from engine.stats import AgentSignals, EngineStats, StepTimer, WorkerReport, queue_stats
 
 if TYPE_CHECKING:
     from engine.worker.capacity_loop import CapacityLoop
@@ -208,6 +208,9 @@ class LLMEngine:
     def kv_tier_stats(self) -> dict[str, Any] | None:
         """Per-tier counters of the KV hierarchy (engine.kv_cache.engine_tiers.TierHooks.stats); None: no tiers."""
         return self.tiers.stats() if self.tiers is not None else None
+
+    def worker_reports(self) -> list[WorkerReport]:
+        return []  # this process is the engine: its load is the engine's
 
     def stats(self) -> EngineStats:
         queues = queue_stats(list(self.scheduler.running), list(self.scheduler.waiting), time.monotonic())

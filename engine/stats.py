@@ -26,6 +26,16 @@ class StepTimer:
             self.decode_step_s = ema(self.decode_step_s, seconds, self.alpha)
 
 
+@dataclass(frozen=True)
+class WorkerReport:
+    """One engine worker as the serving process last heard of it: the per-worker metrics."""
+
+    worker: int
+    role: str
+    node: str  # "local", or its Ray node id
+    stats: EngineStats
+
+
 def ema(old: float, new: float, alpha: float) -> float:
     """An exponential moving average step; 0 means nothing measured yet, so the first value is taken whole."""
     return new if old == 0.0 else (1 - alpha) * old + alpha * new

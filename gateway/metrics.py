@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
 
-from engine.stats import EngineStats
+from engine.stats import EngineStats, WorkerReport
 
 PREFIX = "agentserve:"
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the classic format every Prometheus reads
@@ -23,6 +23,7 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0
                5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                    50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+WORKER = ("worker", "role", "node")  # labels of the per-worker gauges
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
@@ -76,6 +77,10 @@ class Gauges:
     capacity_target: Gauge
     capacity_last_move: Gauge
     forecaster: Gauge
+    worker_running: Gauge
+    worker_waiting_prefill_tokens: Gauge
+    worker_decode_streams: Gauge
+    worker_kv_usage: Gauge
 
 
 def _histograms(registry: CollectorRegistry) -> Histograms:
@@ -135,7 +140,12 @@ def _gauges(registry: CollectorRegistry) -> Gauges:
         capacity_last_move=gauge("capacity_last_move_timestamp_seconds", "Unix time of the capacity controller's "
                                  "latest move."),
         forecaster=gauge("forecaster_info", "1 for the forecaster the capacity controller reads (lstm, last_value, "
-                         "ema or none) and why.", ("forecaster", "reason")))
+                         "ema or none) and why.", ("forecaster", "reason")),
+        worker_running=gauge("worker_num_requests_running", "Requests an engine worker is running.", WORKER),
+        worker_waiting_prefill_tokens=gauge("worker_prefill_tokens_waiting", "Prompt tokens queued on an engine "
+                                            "worker, not yet prefilled.", WORKER),
+        worker_decode_streams=gauge("worker_decode_streams", "Requests an engine worker is decoding.", WORKER),
+        worker_kv_usage=gauge("worker_kv_cache_usage_perc", "An engine worker's KV cache usage (0 to 1).", WORKER))
 
 
 @dataclass
@@ -227,6 +237,19 @@ class Metrics:
 
     def set_sessions(self, count: int) -> None:
         self.gauges.sessions.set(count)
+
+    def sync_workers(self, reports: Sequence[WorkerReport]) -> None:
+        """Each live worker's load, labelled by worker, role and node; a moved or dead worker's old series go."""
+        gauges = (self.gauges.worker_running, self.gauges.worker_waiting_prefill_tokens,
+                  self.gauges.worker_decode_streams, self.gauges.worker_kv_usage)
+        for gauge in gauges:
+            gauge.clear()
+        for report in reports:
+            labels = (str(report.worker), report.role, report.node)
+            s = report.stats
+            for gauge, value in zip(gauges, (s.running, s.prefill_tokens_waiting, s.decode_streams, s.kv_usage),
+                                    strict=True):
+                gauge.labels(*labels).set(value)
 
     def set_workers(self, role: str, count: int) -> None:
         self.gauges.workers.labels(role).set(count)

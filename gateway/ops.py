@@ -30,6 +30,7 @@ async def health() -> PlainTextResponse:
 async def metrics(request: Request) -> Response:
     gw = gateway_state(request)
     gw.metrics.sync_engine(gw.engine.engine.stats())
+    gw.metrics.sync_workers(gw.engine.engine.worker_reports())
     gw.metrics.sync_signals(*gw.signals.forecaster_in_use(), gw.signals.failures)
     gw.metrics.sync_kv_tiers(gw.engine.engine.kv_tier_stats())
     gw.metrics.set_sessions(await gw.sessions.store.count())

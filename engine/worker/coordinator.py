@@ -30,7 +30,7 @@ from engine.requests import Prompt, RequestValidator, load_tokenizer_or_none, nu
 from engine.sampling import RequestError, SamplingParams
 from engine.sequence import SessionRef
 from engine.slo import load_slo_config
-from engine.stats import AgentSignals, EngineStats
+from engine.stats import AgentSignals, EngineStats, WorkerReport
 from engine.worker import messages as m
 from engine.worker.capacity_loop import CapacityLoop
 from engine.worker.deployment import DeploymentSettings
@@ -294,12 +294,21 @@ class DisaggregatedEngine:
 
     def stats(self) -> EngineStats:
         alive = [w for w in self.workers if w.alive]
-        roles = {role: sum(w.role == role for w in alive) for role in (m.PREFILL, m.DECODE)}
+        roles = {role: sum(self._role_name(w.role) == role for w in alive) for role in (m.PREFILL, m.DECODE)}
+        if self.capacity is None and len(self.workers) == 1:
+            roles = {"colocated": len(alive)}
         total = EngineStats.total([w.stats for w in alive], roles)
         if self.capacity is None:
             return total
         return replace(total, alerts=self.capacity.alerts.gauges(), role_moves=self.capacity.moves,
                        capacity_target=self.capacity.target(), last_move_at=self.capacity.last_move_at)
+
+    def worker_reports(self) -> list[WorkerReport]:
+        return [WorkerReport(w.worker_id, self._role_name(w.role), w.node, w.stats) for w in self.workers if w.alive]
+
+    def _role_name(self, role: str) -> str:
+        """The colocated engine's one worker is neither a prefill nor a decode worker to the outside."""
+        return "colocated" if self.capacity is None and len(self.workers) == 1 else role
 
     def kv_tier_stats(self) -> dict[str, Any] | None:
         """The workers' KV tier counters summed, as of their latest Load reports (a dead worker's last one

@@ -16,7 +16,7 @@ from engine.requests import Prompt, RequestValidator, load_tokenizer_or_none
 from engine.sampling import SamplingParams
 from engine.sequence import SessionRef
 from engine.slo import load_slo_config
-from engine.stats import AgentSignals, EngineStats
+from engine.stats import AgentSignals, EngineStats, WorkerReport
 
 if TYPE_CHECKING:
     from gateway.upstream.capacity import UpstreamCapacity
@@ -62,6 +62,9 @@ class TokenizerFront:
 
     def stats(self) -> EngineStats:
         return EngineStats() if self.capacity is None else self.capacity.stats()
+
+    def worker_reports(self) -> list[WorkerReport]:
+        return []  # the upstreams report their own load
 
     def kv_tier_stats(self) -> None:
         return None  # the upstreams' KV tiers are theirs

@@ -1,5 +1,6 @@
 """The gateway's engine is a process of its own: killed in the middle of a streamed reply, it is started
-again and the reply goes on from where it was, whole and identical to an undisturbed one."""
+again and the reply goes on from where it was, whole and identical to an undisturbed one; with no restart
+left, requests get a 503; its load shows per worker at /metrics."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from engine.config import EngineSettings
 from engine.worker.coordinator import DisaggregatedEngine, colocated_engine
@@ -55,3 +57,16 @@ def test_with_no_restart_left_requests_get_503_not_a_hang() -> None:
             assert response.status_code == 503, response.text
             assert response.json()["error"]["code"] == "engine_unavailable"
             assert response.headers["retry-after"] == "5"
+
+
+def test_the_engine_process_reports_its_load_per_worker() -> None:
+    engine = colocated_engine("tiny", EngineSettings(num_kv_blocks=512))
+    with running_gateway(GatewaySettings(model="tiny", port=free_port()), engine) as url:
+        openai_client(url).chat.completions.create(**{**GREEDY, "max_tokens": 4})
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
+                   for s in family.samples}
+    worker = (("node", "local"), ("role", "colocated"), ("worker", "0"))
+    assert samples[("agentserve:num_workers", (("role", "colocated"),))] == 1
+    assert ("agentserve:worker_num_requests_running", worker) in samples
+    assert 0 <= samples[("agentserve:worker_kv_cache_usage_perc", worker)] <= 1
