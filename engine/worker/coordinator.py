@@ -60,6 +60,7 @@ class DisaggregatedEngine:
         self.homes = SessionHomes(self.settings.block_size)
         self.placer = Placer(self.workers, self.homes, capacity or CapacitySettings(), self.settings.block_size)
         self.capacity = CapacityLoop(capacity, self.workers, self.set_role) if capacity is not None else None
+        self.colocated = capacity is None and len(self.workers) == 1  # one worker doing it all, never moved
         self.parked: list[Tracked] = []  # requests with no live worker, while a dead one is started again
         self.tracked: dict[str, Tracked] = {}
         self.by_attempt: dict[str, Tracked] = {}
@@ -124,6 +125,8 @@ class DisaggregatedEngine:
         except OSError:  # BrokenPipeError, ConnectionResetError
             self._worker_died(worker)
             return False
+        if isinstance(command, m.Submit | m.AcceptHandoff | m.Abort):
+            worker.report_due = True  # its load changes: a Load will follow, the last one once it is idle
         return True
 
     def _loads(self) -> dict[int, int]:
@@ -147,9 +150,10 @@ class DisaggregatedEngine:
                     self._send(worker, m.Abort(tracked.attempt_id))
 
     def has_unfinished(self) -> bool:
-        """Requests in flight, or a worker whose last Load report was busy: keep stepping until every worker
-        has reported idle, so stats and the capacity controller see the end of the work."""
-        return bool(self.tracked) or any(w.alive and w.stats.running for w in self.workers)
+        """Requests in flight, or a worker that is busy or owes a Load report: keep stepping until every worker
+        has reported idle after its last work, so stats and the capacity controller see the end of the work
+        (a request that ends before its worker's next report would otherwise leave that report unread)."""
+        return bool(self.tracked) or any(w.alive and (w.stats.running or w.report_due) for w in self.workers)
 
     def wakeup(self) -> None:
         """Cut a step's wait short (new work arrived from another thread)."""
@@ -198,7 +202,7 @@ class DisaggregatedEngine:
         if isinstance(event, m.Outputs):
             return [out for raw in event.outputs if (out := self._relay(worker, raw)) is not None]
         if isinstance(event, m.Load):
-            worker.stats, worker.kv_tiers = event.stats, event.kv_tiers
+            worker.stats, worker.kv_tiers, worker.report_due = event.stats, event.kv_tiers, False
         elif isinstance(event, m.Prefilled):
             self._forward_handoff(worker, event)
         elif isinstance(event, m.Counters):
@@ -231,19 +235,10 @@ class DisaggregatedEngine:
         tracked = self.by_attempt.get(raw.request_id)
         if tracked is None or tracked.request_id not in self.tracked:
             return None
-        if raw.new_token_ids and tracked.first_token_at is None:
-            tracked.first_token_at = time.monotonic()
-        new_tokens = raw.new_token_ids[tracked.skip:]
-        tracked.skip = max(0, tracked.skip - len(raw.new_token_ids))
-        text = raw.new_text[tracked.skip_chars:]
-        tracked.skip_chars = max(0, tracked.skip_chars - len(raw.new_text))
-        tracked.output_ids += new_tokens
-        tracked.emitted_chars += len(text)
-        finished = raw.finished and raw.finish_reason != "prefilled"
-        if finished:
-            self._finished(worker, tracked, raw.finish_reason)
-        return replace(raw, request_id=tracked.request_id, new_token_ids=new_tokens, new_text=text,
-                       finished=finished, finish_reason=raw.finish_reason if finished else None)
+        out = tracked.relay(raw)
+        if out.finished:
+            self._finished(worker, tracked, out.finish_reason)
+        return out
 
     def _finished(self, worker: WorkerHandle, tracked: Tracked, reason: str | None) -> None:
         del self.tracked[tracked.request_id]
@@ -294,9 +289,8 @@ class DisaggregatedEngine:
 
     def stats(self) -> EngineStats:
         alive = [w for w in self.workers if w.alive]
-        roles = {role: sum(self._role_name(w.role) == role for w in alive) for role in (m.PREFILL, m.DECODE)}
-        if self.capacity is None and len(self.workers) == 1:
-            roles = {"colocated": len(alive)}
+        roles = {role: sum(self._role_name(w.role) == role for w in alive)
+                 for role in (("colocated",) if self.colocated else (m.PREFILL, m.DECODE))}
         total = EngineStats.total([w.stats for w in alive], roles)
         if self.capacity is None:
             return total
@@ -308,7 +302,7 @@ class DisaggregatedEngine:
 
     def _role_name(self, role: str) -> str:
         """The colocated engine's one worker is neither a prefill nor a decode worker to the outside."""
-        return "colocated" if self.capacity is None and len(self.workers) == 1 else role
+        return "colocated" if self.colocated else role
 
     def kv_tier_stats(self) -> dict[str, Any] | None:
         """The workers' KV tier counters summed, as of their latest Load reports (a dead worker's last one

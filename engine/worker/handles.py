@@ -44,6 +44,7 @@ class WorkerHandle:
     node: str = ""  # where it runs: "local", or the Ray node id
     pending_decode: dict[str, int] = field(default_factory=dict)  # attempt id -> decode worker, while prefilling
     stats: EngineStats = field(default_factory=EngineStats)  # its latest Load report
+    report_due: bool = False  # it was given work since that report: another one is coming
     kv_tiers: dict[str, Any] | None = None  # the KV tier counters of its latest Load report; None: no tiers
     switched_at: float = 0.0  # monotonic time of its last role change (hysteresis)
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine.mask import MaskedSpan
+from engine.output import RequestOutput
 from engine.sampling import SamplingParams
 from engine.sequence import SessionRef
 
@@ -29,6 +30,21 @@ class Tracked:
     @property
     def attempt_id(self) -> str:
         return self.request_id if self.attempt == 0 else f"{self.request_id}#retry{self.attempt}"
+
+    def relay(self, raw: RequestOutput) -> RequestOutput:
+        """A worker's output as the caller sees it: under the request's own id, without what a re-run
+        regenerates that the caller already has; a prefill worker's hand-off is not the end."""
+        if raw.new_token_ids and self.first_token_at is None:
+            self.first_token_at = time.monotonic()
+        new_tokens = raw.new_token_ids[self.skip:]
+        self.skip = max(0, self.skip - len(raw.new_token_ids))
+        text = raw.new_text[self.skip_chars:]
+        self.skip_chars = max(0, self.skip_chars - len(raw.new_text))
+        self.output_ids += new_tokens
+        self.emitted_chars += len(text)
+        finished = raw.finished and raw.finish_reason != "prefilled"
+        return replace(raw, request_id=self.request_id, new_token_ids=new_tokens, new_text=text,
+                       finished=finished, finish_reason=raw.finish_reason if finished else None)
 
 
 @dataclass
