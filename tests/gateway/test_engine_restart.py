@@ -13,8 +13,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.config import EngineSettings
+from engine.llm_engine import LLMEngine
 from engine.worker.coordinator import DisaggregatedEngine, colocated_engine
 from engine.worker.deployment import DeploymentSettings
+from gateway.app import build_engine
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port, openai_client
 from tests.gateway.conftest import running_gateway
@@ -70,3 +72,13 @@ def test_the_engine_process_reports_its_load_per_worker() -> None:
     assert samples[("agentserve:num_workers", (("role", "colocated"),))] == 1
     assert ("agentserve:worker_num_requests_running", worker) in samples
     assert 0 <= samples[("agentserve:worker_kv_cache_usage_perc", worker)] <= 1
+
+
+def test_the_gateway_builds_an_engine_process_unless_told_to_debug_in_process() -> None:
+    default = build_engine(GatewaySettings(model="tiny"))
+    try:
+        assert isinstance(default, DisaggregatedEngine) and default.colocated
+        assert default.workers[0].pid not in (None, os.getpid())
+    finally:
+        default.shutdown()
+    assert isinstance(build_engine(GatewaySettings(model="tiny", engine_in_process=True)), LLMEngine)
