@@ -75,27 +75,30 @@ def test_same_tokens_as_colocated_with_kv_across_nodes(engine: DisaggregatedEngi
     assert sum(c.recomputed + c.timed_out for c in engine.kv_counters().values()) == 0
 
 
-def test_a_role_moves_across_nodes(engine: DisaggregatedEngine) -> None:
-    [prefill, decode] = engine.workers
-    moved = len(engine.role_switches)
-    engine.set_role(prefill.worker_id, m.DECODE)
-    engine.set_role(decode.worker_id, m.PREFILL)
-    step_until(engine, lambda: len(engine.role_switches) == moved + 2)
+def test_the_controller_moves_a_role_across_nodes(engine: DisaggregatedEngine) -> None:
+    capacity = engine.capacity
+    assert capacity is not None
+    moves, switched = capacity.moves, len(engine.role_switches)
+    capacity.pin(0, 2, time.monotonic())  # what POST /admin/capacity does: the prefill node's worker decodes
+    step_until(engine, lambda: len(engine.role_switches) == switched + 1)
+    assert capacity.moves == moves + 1 and [w.role for w in engine.workers] == [m.DECODE, m.DECODE]
     assert [r.token_ids for r in engine.generate(PROMPTS[:3], GREEDY)] == colocated(GREEDY, PROMPTS[:3])
-    engine.set_role(prefill.worker_id, m.PREFILL)
-    engine.set_role(decode.worker_id, m.DECODE)
-    step_until(engine, lambda: len(engine.role_switches) == moved + 4)
+    capacity.pin(1, 1, time.monotonic())
+    step_until(engine, lambda: len(engine.role_switches) == switched + 2)
+    capacity.unpin(time.monotonic())
+    assert sorted(w.role for w in engine.workers) == [m.DECODE, m.PREFILL]
 
 
 def test_a_joined_node_serves_and_a_lost_node_loses_no_request(cluster: Any, engine: DisaggregatedEngine) -> None:
-    first_decoder = engine.workers[1]
+    first_decoder = next(w for w in engine.workers if w.role == m.DECODE)
+    prefiller = next(w for w in engine.workers if w.role == m.PREFILL)
     lost = next(node for node in cluster.worker_nodes if node.node_id == first_decoder.node)
     joined = cluster.add_node(num_cpus=2, resources=DECODE_NODE)
     step_until(engine, lambda: any(w.node == joined.node_id and w.alive for w in engine.workers))
     newcomer = next(w for w in engine.workers if w.node == joined.node_id)
     assert newcomer.role == m.DECODE and set(newcomer.kv_addresses) == {0, 1}
     ids = [engine.add_request(p, SAMPLED) for p in PROMPTS]
-    assert newcomer.worker_id in engine.workers[0].pending_decode.values()  # the newcomer takes its share
+    assert newcomer.worker_id in prefiller.pending_decode.values()  # the newcomer takes its share
     outputs: dict[str, list[int]] = {request_id: [] for request_id in ids}
     _collect(engine, outputs, until=lambda: any(outputs.values()))
     cluster.remove_node(lost)
