@@ -49,6 +49,7 @@ class ServingEngine(Protocol):
     tokenizer: Tokenizer | None
     checkpoint: Path | None
     max_model_len: int
+    steps_when_idle: bool  # its step also waits on its workers' reports: keep stepping with nothing to run
 
     @property
     def capacity(self) -> CapacityLoop | None:
@@ -158,7 +159,7 @@ class AsyncLLMEngine:
     def _run(self) -> None:
         while not self._stopping.is_set():
             self._run_commands()
-            if not self.engine.has_unfinished():
+            if not self.engine.has_unfinished() and not self.engine.steps_when_idle:
                 self._wake.wait()
                 self._wake.clear()
                 continue

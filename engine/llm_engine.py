@@ -209,6 +209,12 @@ class LLMEngine:
         """Per-tier counters of the KV hierarchy (engine.kv_cache.engine_tiers.TierHooks.stats); None: no tiers."""
         return self.tiers.stats() if self.tiers is not None else None
 
+    steps_when_idle = False  # nothing happens here between requests
+
+    def expire_pins(self) -> int:
+        """Release the session pins whose time is up now, as a step would (an idle engine takes no step)."""
+        return self.scheduler.pins.expire(time.monotonic())
+
     def worker_reports(self) -> list[WorkerReport]:
         return []  # this process is the engine: its load is the engine's
 

@@ -10,14 +10,13 @@ observations (`trajectory.observations`).
 from __future__ import annotations
 
 import itertools
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Header, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from engine.sampling import TokenLogprob
 from gateway.access import request_principal
@@ -28,7 +27,18 @@ from gateway.protocol import ChatCompletionRequest, CompletionRequest, observati
 from gateway.serving import ChoiceResult, TurnStats, Usage, generate_choices, record_reply, turn_stats
 from gateway.session_store import StoreKey, session_key
 from gateway.state import GatewayState
-from gateway.streaming import ChatStreamWriter, drain, sse_error, sse_response, started, until_done_or_gone
+from gateway.streaming import (
+    SSE_DONE,
+    ChatStreamWriter,
+    drain,
+    json_response,
+    sse,
+    sse_error,
+    sse_response,
+    started,
+    until_done_or_gone,
+)
+from trajectory import step_timer
 
 router = APIRouter()
 Event = tuple[int, Any]
@@ -50,19 +60,20 @@ def check_model(gw: GatewayState, model: str) -> None:
 async def chat_completions(body: ChatCompletionRequest, request: Request,
                            x_session_id: str | None = Header(default=None),
                            principal: Principal = Depends(request_principal)) -> Response:
+    step_timer.leave("parse")
     gw = gateway_state(request)
     check_model(gw, body.model)
     session_id = x_session_id or (body.metadata or {}).get("session_id")
     observation_rule(body.metadata)
     writer = ChatStreamWriter(gw.model_name, bool(body.tools), body.n, gw.tokenizer.decode,
-                              None if body.parallel_tool_calls else 1)
+                              None if body.parallel_tool_calls else 1, body.stream)
     usage = Usage()
     key = session_key(principal.name, session_id) if session_id else None
     events = _chat_events(gw, body, key, writer, usage, principal)
     if body.stream:
         return await sse_response(events, writer, usage if body.include_usage else None)
     await until_done_or_gone(drain(events), request)
-    return JSONResponse(writer.completion(usage))
+    return json_response(writer.completion(usage))
 
 
 async def _chat_events(gw: GatewayState, body: ChatCompletionRequest, key: StoreKey | None,
@@ -72,6 +83,7 @@ async def _chat_events(gw: GatewayState, body: ChatCompletionRequest, key: Store
         new = gw.sessions.new_messages(turn, messages) if turn.persistent else messages
         turn.trajectory.vip = principal.is_vip
         plan = turn.trajectory.add_messages(new, observation_users=observation_rule(body.metadata))
+        step_timer.enter("plan")
         max_tokens = output_budget(body.max_completion_tokens or body.max_tokens, _max_tokens_param(body),
                                    len(plan.prompt_token_ids), gw.engine.engine.max_model_len,
                                    gw.settings.default_max_tokens)
@@ -79,13 +91,22 @@ async def _chat_events(gw: GatewayState, body: ChatCompletionRequest, key: Store
                   for i in range(body.n)]
         session = plan.session if turn.persistent else None
         stats = turn_stats("chat", plan, turn.persistent)
+        step_timer.leave("plan")
+        step_timer.enter("engine")
         async for index, out in generate_choices(gw, plan.prompt_token_ids, params, stats, plan.masked_spans,
                                                  session):
+            step_timer.enter("outputs")
             usage.prompt_tokens, usage.cached_tokens = out.num_prompt_tokens, out.num_cached_tokens
             usage.completion_tokens += len(out.new_token_ids)
-            yield index, writer.add(index, out)
-        record_reply(gw, turn, plan, writer.choices[0], writer.reply(0))
+            chunks = writer.add(index, out)
+            step_timer.leave("outputs")
+            yield index, chunks
+        step_timer.leave("engine")
+        step_timer.enter("session_save")
+        if turn.persistent:  # a throwaway session's history ends with the turn
+            record_reply(gw, turn, plan, writer.choices[0], writer.reply(0))
         log_turn(gw.settings.log_content, "chat", key.path if key else None, new, writer.choices[0].text)
+        step_timer.leave("session_save")
 
 
 def _max_tokens_param(body: ChatCompletionRequest) -> str:
@@ -121,7 +142,7 @@ async def completions(body: CompletionRequest, request: Request,
     await until_done_or_gone(collect(), request)
     usage.completion_tokens = sum(len(c.token_ids) for c in choices)
     wanted = body.logprobs is not None
-    return JSONResponse({
+    return json_response({
         "id": completion_id, "object": "text_completion", "created": created, "model": body.model,
         "choices": [{"index": c.index, "text": c.text, "finish_reason": c.finish_reason,
                      "logprobs": _legacy_logprobs(gw.tokenizer.decode, c.logprobs, 0) if wanted else None}
@@ -149,13 +170,13 @@ def _legacy_logprobs(decode: Callable[[list[int]], str], logprobs: list[TokenLog
 
 async def _completion_chunks(events: AsyncIterator[Event], choices: list[ChoiceResult], usage: Usage,
                              body: CompletionRequest, completion_id: str, created: int,
-                             decode: Callable[[list[int]], str]) -> AsyncIterator[str]:
+                             decode: Callable[[list[int]], str]) -> AsyncIterator[bytes]:
     try:
         for choice in choices if body.echo else []:  # the prompt's text first
             chunk = {"id": completion_id, "object": "text_completion", "created": created, "model": body.model,
                      "choices": [{"index": choice.index, "text": choice.text, "finish_reason": None,
                                   "logprobs": None}]}
-            yield f"data: {json.dumps(chunk)}\n\n"
+            yield sse(chunk)
         async for index, out in events:
             offset = len(choices[index].text)
             choices[index].add(out)
@@ -165,11 +186,11 @@ async def _completion_chunks(events: AsyncIterator[Event], choices: list[ChoiceR
             chunk = {"id": completion_id, "object": "text_completion", "created": created, "model": body.model,
                      "choices": [{"index": index, "text": out.new_text, "finish_reason": out.finish_reason,
                                   "logprobs": logprobs}]}
-            yield f"data: {json.dumps(chunk)}\n\n"
+            yield sse(chunk)
         if body.include_usage:
             chunk = {"id": completion_id, "object": "text_completion", "created": created, "model": body.model,
                      "choices": [], "usage": usage.as_openai()}
-            yield f"data: {json.dumps(chunk)}\n\n"
+            yield sse(chunk)
     except Exception as error:  # the stream has started
         yield sse_error(error)
-    yield "data: [DONE]\n\n"
+    yield SSE_DONE

@@ -10,7 +10,6 @@ unknown ones. The WebSocket mode (`gateway.responses_ws`) runs its turns through
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from engine.sampling import SamplingParams
 from gateway.access import request_principal
@@ -34,8 +33,9 @@ from gateway.serving import generate_choices, record_reply, turn_stats
 from gateway.session_store import StoreKey, session_key
 from gateway.sessions import SessionTurn
 from gateway.state import GatewayState
-from gateway.streaming import until_done_or_gone
-from trajectory.agent import Trajectory, TurnPlan
+from gateway.streaming import json_response, until_done_or_gone
+from trajectory.agent import TurnPlan
+from trajectory.json_codec import dumps, loads
 
 router = APIRouter()
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ async def resolve_session(gw: GatewayState, body: ResponseCreateRequest, princip
 
 async def load_record(gw: GatewayState, key: StoreKey) -> dict[str, Any] | None:
     data = await gw.sessions.store.get(key)
-    return None if data is None else dict(json.loads(data))
+    return None if data is None else dict(loads(data))
 
 
 async def response_events(gw: GatewayState, body: ResponseCreateRequest, target: SessionTarget,
@@ -87,7 +87,7 @@ async def response_events(gw: GatewayState, body: ResponseCreateRequest, target:
     async with gw.sessions.open(target.key, target.tools, target.principal.holds.sessions) as turn:
         _check_latest(turn, target, body)
         turn.trajectory.vip = target.principal.is_vip
-        before, committed = turn.trajectory.to_bytes(), False
+        committed = False
         try:
             plan, prompt, params = _prepare(gw, body, target, turn)
             for event in stream.start():
@@ -106,7 +106,7 @@ async def response_events(gw: GatewayState, body: ResponseCreateRequest, target:
                 yield event
         finally:
             if not committed:
-                turn.trajectory = _restore(gw, before, target)
+                gw.sessions.roll_back(turn, target.tools)
 
 
 def _check_latest(turn: SessionTurn, target: SessionTarget, body: ResponseCreateRequest) -> None:
@@ -119,11 +119,6 @@ def _check_latest(turn: SessionTurn, target: SessionTarget, body: ResponseCreate
     raise APIError(400, f"Previous response with id '{body.previous_response_id}' is not the latest of its "
                         "session; a session continues only from its latest response",
                    param="previous_response_id", code="previous_response_not_latest")
-
-
-def _restore(gw: GatewayState, data: bytes, target: SessionTarget) -> Trajectory:
-    sessions = gw.sessions
-    return Trajectory.restore(data, sessions.template, sessions.tokenizer, target.tools, sessions.policies)
 
 
 def _prepare(gw: GatewayState, body: ResponseCreateRequest, target: SessionTarget, turn: SessionTurn,
@@ -158,7 +153,8 @@ async def _commit(gw: GatewayState, body: ResponseCreateRequest, target: Session
     """Keep the reply in the session and remember the response; the events that finish it."""
     events = stream.finish(with_output=body.generate)
     if body.generate:
-        record_reply(gw, turn, plan, stream.choice, stream.reply)
+        if turn.persistent:  # a throwaway session's history ends with the turn
+            record_reply(gw, turn, plan, stream.choice, stream.reply)
         log_turn(gw.settings.log_content, "responses", target.key.path if target.key else None,
                  input_messages(body, target.starting), stream.choice.text)
     if target.key is not None:
@@ -169,11 +165,10 @@ async def _commit(gw: GatewayState, body: ResponseCreateRequest, target: Session
 async def _remember(gw: GatewayState, turn: SessionTurn, key: StoreKey, target: SessionTarget, response_id: str,
                     response: dict[str, Any] | None) -> None:
     """Save the session now (before the client can send its next turn) and the response's record."""
-    store, ttl = gw.sessions.store, gw.sessions.ttl_s
-    await store.put(key, turn.trajectory.to_bytes(), ttl)
+    await gw.sessions.save(turn)
     record = {"session_id": key.id, "tools": target.tools, "turns": len(turn.trajectory.state.turns),
               "response": response}
-    await store.put(response_key(target.principal, response_id), json.dumps(record).encode(), ttl)
+    await gw.sessions.store.put(response_key(target.principal, response_id), dumps(record), gw.sessions.ttl_s)
 
 
 @router.post("/v1/responses", response_model=None)
@@ -188,10 +183,10 @@ async def create_response(body: ResponseCreateRequest, request: Request,
     first = await anext(events)  # bad input raises here, before the stream starts
     if body.stream:
         return StreamingResponse(_sse(first, events), media_type="text/event-stream")
-    return JSONResponse(await _final_response(first, events, request))
+    return json_response(await _final_response(first, events, request))
 
 
-async def _sse(first: Event, events: AsyncGenerator[Event]) -> AsyncIterator[str]:
+async def _sse(first: Event, events: AsyncGenerator[Event]) -> AsyncIterator[bytes]:
     async with aclosing(events):
         yield sse_event(first)
         try:
@@ -221,10 +216,10 @@ async def _final_response(first: Event, events: AsyncGenerator[Event], request: 
 
 @router.get("/v1/responses/{response_id}")
 async def get_response(response_id: str, request: Request,
-                       principal: Principal = Depends(request_principal)) -> JSONResponse:
+                       principal: Principal = Depends(request_principal)) -> Response:
     """A response of the caller's key; another key's is answered exactly as an unknown one."""
     record = await load_record(gateway_state(request), response_key(principal, response_id))
     if record is None or record.get("response") is None:
         raise APIError(404, f"Response with id '{response_id}' not found.", "not_found_error", "response_id",
                        "response_not_found")
-    return JSONResponse(record["response"])
+    return json_response(record["response"])

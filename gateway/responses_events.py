@@ -8,7 +8,6 @@ back while streaming and becomes `function_call` output items when the reply fin
 from __future__ import annotations
 
 import itertools
-import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -18,6 +17,8 @@ from engine.output import RequestOutput
 from gateway.serving import ChoiceResult
 from gateway.streaming import _visible
 from gateway.tool_calls import parse_tool_calls
+from trajectory import step_timer
+from trajectory.json_codec import dumps
 from trajectory.template_types import Message
 
 Event = dict[str, Any]
@@ -150,5 +151,8 @@ def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def sse_event(event: Event) -> str:
-    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+def sse_event(event: Event) -> bytes:
+    step_timer.enter("serialize")
+    frame = b"event: " + event["type"].encode() + b"\ndata: " + dumps(event) + b"\n\n"
+    step_timer.leave("serialize")
+    return frame

@@ -30,6 +30,7 @@ from gateway.responses import SessionTarget, resolve_session, response_events
 from gateway.responses_input import ResponseCreateRequest
 from gateway.settings import LimitSettings
 from gateway.state import GatewayState
+from trajectory.json_codec import dumps
 from trajectory.template_types import ChatTemplateError
 
 router = APIRouter()
@@ -200,7 +201,7 @@ class ResponsesConnection:
         if stream_id is not None:
             payload = {**payload, "stream_id": stream_id}
         async with self._send_lock:
-            await self.websocket.send_text(json.dumps(payload, ensure_ascii=False))
+            await self.websocket.send_text(dumps(payload).decode())
 
     async def send_error(self, error: APIError, event_id: str | None, stream_id: str | None = None) -> None:
         """OpenAI's error event with the HTTP status it would have had, and its Retry-After when it has one."""

@@ -8,41 +8,49 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from engine.output import RequestOutput
 from engine.sampling import TokenLogprob
 from gateway.errors import ClientGone
 from gateway.serving import ChoiceResult, Usage
 from gateway.tool_calls import parse_tool_calls
+from trajectory import step_timer
+from trajectory.json_codec import dumps
 from trajectory.template_types import Message
 
 TOOL_CALL_OPEN = "<tool_call>"
+SSE_DONE = b"data: [DONE]\n\n"
 Chunk = dict[str, Any]
 T = TypeVar("T")
 
 
 class ChatStreamWriter:
+    """The choices of one chat completion as they grow; with `stream`, the SSE chunks each output gives."""
+
     def __init__(self, model: str, parse_tools: bool, n: int,
-                 decode: Callable[[list[int]], str] = lambda ids: "", max_tool_calls: int | None = None) -> None:
+                 decode: Callable[[list[int]], str] = lambda ids: "", max_tool_calls: int | None = None,
+                 stream: bool = True) -> None:
         self.model, self.parse_tools, self.decode, self.max_tool_calls = model, parse_tools, decode, max_tool_calls
+        self.stream = stream
         self.id, self.created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         self.choices = [ChoiceResult(i) for i in range(n)]
         self._sent_chars = [0] * n
         self._parsed: dict[int, tuple[str, list[dict[str, Any]]]] = {}
 
     def add(self, index: int, out: RequestOutput) -> list[Chunk]:
-        """Record an output; the stream chunks it gives."""
+        """Record an output; the stream chunks it gives (none without `stream`)."""
         choice = self.choices[index]
         first = not choice.token_ids and not choice.text
         choice.add(out)
+        if not self.stream:
+            return []
         chunks = [self._chunk(index, {"role": "assistant", "content": ""})] if first else []
         delta = self._content_delta(index, out.finished)
         if delta or out.logprobs:
@@ -127,11 +135,30 @@ def _visible(text: str, parse_tools: bool) -> str:
     return text
 
 
-def sse(data: dict[str, Any]) -> str:
-    return f"data: {json.dumps(data)}\n\n"
+class FastJSONResponse(Response):
+    """Starlette's JSONResponse (compact UTF-8 JSON), serialized by orjson (`trajectory.json_codec`)."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return dumps(content)
 
 
-def sse_error(error: Exception) -> str:
+def json_response(content: Any, status_code: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    step_timer.enter("serialize")
+    response = FastJSONResponse(content, status_code, headers)
+    step_timer.leave("serialize")
+    return response
+
+
+def sse(data: dict[str, Any]) -> bytes:
+    step_timer.enter("serialize")
+    chunk = b"data: " + dumps(data) + b"\n\n"
+    step_timer.leave("serialize")
+    return chunk
+
+
+def sse_error(error: Exception) -> bytes:
     """An error after the stream started, reported in-band as OpenAI does."""
     return sse({"error": {"message": str(error), "type": "internal_error", "param": None, "code": None}})
 
@@ -180,7 +207,7 @@ async def sse_response(events: AsyncIterator[tuple[int, list[Chunk]]], writer: C
                        usage: Usage | None) -> StreamingResponse:
     iterator = await started(events)
 
-    async def body() -> AsyncIterator[str]:
+    async def body() -> AsyncIterator[bytes]:
         try:
             async for _, chunks in iterator:
                 for chunk in chunks:
@@ -189,6 +216,6 @@ async def sse_response(events: AsyncIterator[tuple[int, list[Chunk]]], writer: C
                 yield sse(writer.usage_chunk(usage))
         except Exception as error:  # the stream has started
             yield sse_error(error)
-        yield "data: [DONE]\n\n"
+        yield SSE_DONE
 
     return StreamingResponse(body(), media_type="text/event-stream")

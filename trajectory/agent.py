@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from engine.mask import MaskedSpan
 from engine.sequence import SessionRef
 from engine.tokenizer import Tokenizer
+from trajectory import step_timer
 from trajectory.masks import update_masks
 from trajectory.observations import ObservationUsers, is_observation
 from trajectory.phase import PhaseConfig, PhaseEstimate, TurnFeatures, classify_turn
@@ -77,28 +78,31 @@ class Trajectory:
     def add_messages(self, messages: Sequence[Message], now: float | None = None,
                      observation_users: ObservationUsers | None = None) -> TurnPlan:
         """The plan for a turn adding `messages`; `observation_users` overrides the rule in the pruning config."""
+        step_timer.enter("plan")
         now = time.time() if now is None else now
         observe_turn_arrival(self.state, now, self.policies.settings.ttl)
-        start = self.state.num_tokens
+        start = self.renderer.num_tokens
         rule = observation_users or self.policies.pruning.observation_users
         pruning = [self._append(message, now, rule) for message in messages]
         self._sync()
         update_masks(self.state, self.policies.settings.masks)
         header = self.renderer.generation_prompt_ids()
-        phase = self._classify(messages, self.state.num_tokens - start + len(header))
+        phase = self._classify(messages, self.renderer.num_tokens - start + len(header))
         for turn in self.state.turns[len(self.state.turns) - len(messages):]:
             turn.phase, turn.confidence = phase.phase.value, phase.confidence
-        return TurnPlan(self.state.token_ids + header, list(self.state.masked_spans), self._session_ref(now),
-                        phase, self.state.num_tokens - start + len(header), [p for p in pruning if p])
+        plan = TurnPlan(self.renderer.ids_then(header), list(self.state.masked_spans), self._session_ref(now),
+                        phase, self.renderer.num_tokens - start + len(header), [p for p in pruning if p])
+        step_timer.leave("plan")
+        return plan
 
     def record_reply(self, generated_ids: Sequence[int], message: Message | None = None,
                      now: float | None = None) -> list[int]:
         """Record the generated reply; returns the ids the history now holds for it."""
-        start = self.state.num_tokens
+        start = self.renderer.num_tokens
         ids = self.renderer.assistant_turn_ids(generated_ids, message)
         self._sync()
         reply = self.renderer.turns[-1].message
-        self.state.turns.append(TurnRecord("assistant", start, self.state.num_tokens, at=now or time.time()))
+        self.state.turns.append(TurnRecord("assistant", start, self.renderer.num_tokens, at=now or time.time()))
         self.state.pending_tools = [call.get("function", {}).get("name", "") for call in reply.tool_calls or []]
         self.state.reply_finished_at = time.time() if now is None else now
         return ids
@@ -122,10 +126,10 @@ class Trajectory:
             result = prune(message.content, OBSERVATION_ROLE, self._tool_name(message), self.policies.pruning,
                            lambda text: len(self.renderer.tokenizer.encode(text)))
             message = Message(message.role, result.text, message.tool_calls, message.tool_call_id, message.name)
-        start = self.state.num_tokens
+        start = self.renderer.num_tokens
         self.renderer.append(message)
         self._sync()
-        self.state.turns.append(TurnRecord(message.role, start, self.state.num_tokens, self._tool_name(message),
+        self.state.turns.append(TurnRecord(message.role, start, self.renderer.num_tokens, self._tool_name(message),
                                            observation, result.tokens_before if result else None, at=now))
         return result
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from trajectory.observations import ObservationUsers
 from trajectory.pruning_rules import RULE_NAMES, PruningRules, parses_as_json, prune_lines
@@ -43,6 +43,7 @@ class PruningConfig(BaseModel):
     defaults: PruningRules = Field(default_factory=PruningRules)
     roles: dict[str, RuleOverrides] = Field(default_factory=dict)
     tools: dict[str, RuleOverrides] = Field(default_factory=dict)
+    _rules: dict[tuple[str, str | None], PruningRules] = PrivateAttr(default_factory=dict)
 
     @classmethod
     def load(cls, path: Path | None = None) -> PruningConfig:
@@ -61,11 +62,15 @@ class PruningConfig(BaseModel):
         return self
 
     def rules_for(self, role: str, tool: str | None) -> PruningRules:
-        """The rules for a message of `role`, produced by `tool` when it is a tool result."""
-        overrides = [self.roles.get(role, {}), self.tools.get(tool, {}) if tool is not None else {}]
-        if role in self.unpruned_roles:
-            overrides.append({"enabled": False})
-        return _merged(self.defaults, *overrides)
+        """The rules for a message of `role`, produced by `tool` when it is a tool result; merged (and their
+        patterns compiled) once per role and tool."""
+        rules = self._rules.get((role, tool))
+        if rules is None:
+            overrides = [self.roles.get(role, {}), self.tools.get(tool, {}) if tool is not None else {}]
+            if role in self.unpruned_roles:
+                overrides.append({"enabled": False})
+            rules = self._rules[role, tool] = _merged(self.defaults, *overrides)
+        return rules
 
 
 def _merged(defaults: PruningRules, *overrides: RuleOverrides) -> PruningRules:

@@ -1,21 +1,24 @@
 """One agent session's state and its compact serialised form (what the gateway's store keeps).
 
 Layout of `to_bytes()`: zlib-compressed JSON with a format version. Timestamps are wall-clock seconds
-(`time.time()`), so a session restored in another process continues where it stopped.
+(`time.time()`), so a session restored in another process continues where it stopped. The rendered history,
+the bulk of a long session, is append-only: a state serialised before keeps its history encoded and
+compressed (`HistoryEncoder`), so the next `to_bytes()` encodes and compresses only the turns added since.
 """
 
 from __future__ import annotations
 
-import json
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine.mask import MaskedSpan
+from trajectory.json_codec import dumps, loads
 from trajectory.template_incremental import RenderedTurn
 from trajectory.template_types import Message
 
 FORMAT_VERSION = 1
+COMPRESSION = (6, zlib.DEFLATED, 12, 5)  # level, method, window bits, memory level: a 40 KB compressor
 
 
 @dataclass
@@ -57,6 +60,7 @@ class SessionState:
     announced_tool: tuple[str, float, float | None] | None = None  # (name, started_at, estimated seconds)
     prefix_stable: bool = True
     client_digests: list[str] = field(default_factory=list)  # the messages as the client sent/saw them
+    _history: HistoryEncoder | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def token_ids(self) -> list[int]:
@@ -71,13 +75,17 @@ class SessionState:
         return [t.token_end - t.token_start for t in self.turns if t.role == "assistant"]
 
     def to_bytes(self) -> bytes:
-        return zlib.compress(json.dumps(self._to_json(), separators=(",", ":")).encode(), level=6)
+        history = self._history
+        if history is None or not history.continues(self):
+            history = self._history = HistoryEncoder(self.session_id)
+        history.extend(self.rendered)
+        return history.finish(dumps(self._rest_to_json())[1:])
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SessionState:
         """The state `to_bytes` wrote; ValueError for anything else (corrupt, cut short, another version)."""
         try:
-            payload = json.loads(zlib.decompress(data))
+            payload = loads(zlib.decompress(data))
         except (zlib.error, ValueError, RecursionError) as error:
             raise ValueError(f"session data is not compressed JSON: {error}") from None
         version = payload.get("version") if isinstance(payload, dict) else None
@@ -103,14 +111,12 @@ class SessionState:
             client_digests=payload["client_digests"],
         )
 
-    def _to_json(self) -> dict[str, Any]:
+    def _rest_to_json(self) -> dict[str, Any]:
+        """Every field but the version, the session id and the rendered history (`HistoryEncoder`'s)."""
         return {
-            "version": FORMAT_VERSION,
-            "session_id": self.session_id,
-            "rendered": [_turn_to_json(turn) for turn in self.rendered],
-            "turns": [asdict(turn) for turn in self.turns],
+            "turns": [vars(turn) for turn in self.turns],
             "masked_spans": [[s.start, s.end, s.from_position] for s in self.masked_spans],
-            "tool_gaps": {name: asdict(gap) for name, gap in self.tool_gaps.items()},
+            "tool_gaps": {name: vars(gap) for name, gap in self.tool_gaps.items()},
             "pending_tools": self.pending_tools,
             "reply_finished_at": self.reply_finished_at,
             "announced_tool": list(self.announced_tool) if self.announced_tool else None,
@@ -124,8 +130,41 @@ def _record_from_json(data: dict[str, Any]) -> TurnRecord:
     return TurnRecord(**{"observation": data["role"] == "tool", **data})
 
 
+class HistoryEncoder:
+    """The start of a state's serialised form, `{"version":..,"session_id":..,"rendered":[turn,...`, compressed
+    so far and kept open: later calls add the turns appended since, then finish a copy with the other fields."""
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        self._compressor = zlib.compressobj(*COMPRESSION)
+        self._compressed: list[bytes] = []
+        self._turns: list[RenderedTurn] = []
+        self._write(b'{"version":' + dumps(FORMAT_VERSION) + b',"session_id":' + dumps(session_id) + b',"rendered":[')
+
+    def continues(self, state: SessionState) -> bool:
+        """Whether `state`'s history still starts with the turns encoded (the same objects: turns are frozen)."""
+        done = len(self._turns)
+        return (state.session_id == self.session_id and len(state.rendered) >= done
+                and all(a is b for a, b in zip(self._turns, state.rendered[:done], strict=True)))
+
+    def extend(self, rendered: list[RenderedTurn]) -> None:
+        for turn in rendered[len(self._turns):]:
+            self._write((b"," if self._turns else b"") + dumps(_turn_to_json(turn)))
+            self._turns.append(turn)
+
+    def finish(self, rest: bytes) -> bytes:
+        """The whole record: the history so far, then `rest` (the other fields, an object's inside and `}`)."""
+        closing = self._compressor.copy()
+        return b"".join([*self._compressed, closing.compress(b"]," + rest), closing.flush()])
+
+    def _write(self, data: bytes) -> None:
+        out = self._compressor.compress(data)
+        if out:
+            self._compressed.append(out)
+
+
 def _turn_to_json(turn: RenderedTurn) -> dict[str, Any]:
-    return {"message": turn.message.to_dict(), "text": turn.text, "ids": list(turn.token_ids)}
+    return {"message": turn.message.to_dict(), "text": turn.text, "ids": turn.token_ids}
 
 
 def _turn_from_json(data: dict[str, Any]) -> RenderedTurn:

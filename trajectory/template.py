@@ -54,9 +54,11 @@ GENERATION_PROMPT = f"{IM_START}assistant\n"
 
 
 class DefaultChatTemplate:
-    """The ChatML-like format in this module's docstring; every message renders on its own (prefix-stable)."""
+    """The ChatML-like format in this module's docstring; every message renders on its own (prefix-stable), so
+    it is a `MessageLocalTemplate`."""
 
     prepend_bos = True
+    end_of_turn_text = f"{IM_END}\n"
 
     def render(self, messages: Sequence[Message], tools: ToolSchemas | None = None,
                add_generation_prompt: bool = False) -> str:
@@ -65,6 +67,13 @@ class DefaultChatTemplate:
         if add_generation_prompt:
             blocks.append(GENERATION_PROMPT)
         return "".join(blocks)
+
+    def message_text(self, message: Message, first: bool, tools: ToolSchemas | None) -> str:
+        head = _tools_block(tools) if first and tools else ""
+        return head + _block(message.role, _body(message))
+
+    def generation_prompt(self, first: bool, tools: ToolSchemas | None) -> str:
+        return (_tools_block(tools) if first and tools else "") + GENERATION_PROMPT
 
 
 def load_chat_template(model_dir: Path | None) -> ChatTemplate:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from engine.tokenizer import Tokenizer
-from trajectory.template_types import ChatTemplate, Message, ToolSchemas
+from trajectory import step_timer
+from trajectory.template_types import ChatTemplate, Message, MessageLocalTemplate, ToolSchemas
 
 END_OF_TURN_PROBE = "agentserve-end-of-turn-probe"
 T = TypeVar("T")
@@ -41,15 +42,20 @@ class IncrementalRenderer:
         self.tools = tuple(tools) if tools is not None else None
         self.prefix_stable = True
         self._turns: list[RenderedTurn] = []
-        self._rendered = ""
+        self._ids: list[int] = []  # the token stream so far
+        self._rendered = ""  # the conversation so far, rendered whole (not kept for a message-local template)
+        self._local = _message_local(template)
+        self._prompted: tuple[int, str] | None = None  # (turns, the rendering with the generation prompt)
 
     @classmethod
     def restore(cls, template: ChatTemplate, tokenizer: Tokenizer, tools: ToolSchemas | None,
                 turns: Sequence[RenderedTurn], prefix_stable: bool) -> IncrementalRenderer:
-        """A renderer continuing a stored session: its turns kept as they are, the conversation re-rendered once."""
+        """A renderer continuing a stored session: its turns kept as they are, the conversation re-rendered once
+        (unless the template is message-local)."""
         renderer = cls(template, tokenizer, tools)
         renderer._turns = list(turns)
-        renderer._rendered = renderer._render(renderer.messages) if turns else ""
+        renderer._ids = [token_id for turn in turns for token_id in turn.token_ids]
+        renderer._rendered = renderer._render(renderer.messages) if turns and renderer._local is None else ""
         renderer.prefix_stable = prefix_stable
         return renderer
 
@@ -63,7 +69,15 @@ class IncrementalRenderer:
 
     @property
     def token_ids(self) -> list[int]:
-        return [token_id for turn in self._turns for token_id in turn.token_ids]
+        return list(self._ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._ids)
+
+    def ids_then(self, suffix: Sequence[int]) -> list[int]:
+        """The token stream so far followed by `suffix` (the assistant header, say), as a new list."""
+        return [*self._ids, *suffix]
 
     @property
     def text(self) -> str:
@@ -71,14 +85,19 @@ class IncrementalRenderer:
 
     def append(self, message: Message) -> list[int]:
         """The ids of just `message`, tokenized on its own; bos comes first on the first message."""
+        step_timer.enter("render_tokenize")
         text, rendered = self._message_text(message)
         ids = self._encode(text)
         self._record(RenderedTurn(message, text, tuple(ids)), rendered)
+        step_timer.leave("render_tokenize")
         return ids
 
     def generation_prompt_ids(self) -> list[int]:
         """The assistant header to prefill before generating a reply; nothing is recorded."""
-        return self._encode(self._generation_prompt_text())
+        step_timer.enter("render_tokenize")
+        ids = self._encode(self._generation_prompt_text())
+        step_timer.leave("render_tokenize")
+        return ids
 
     def assistant_turn_ids(self, generated_ids: Sequence[int], message: Message | None = None) -> list[int]:
         """Records a generated reply as header + `generated_ids` + whatever end-of-turn ids they lack.
@@ -87,12 +106,14 @@ class IncrementalRenderer:
         decoded generated text, less any end-of-turn text it ends with. The returned ids are what the
         session's history holds for the turn.
         """
+        step_timer.enter("render_tokenize")
         end_text = self._end_of_turn_text()
         written = self.tokenizer.decode(generated_ids)
         ids = [*self.generation_prompt_ids(), *generated_ids, *self._missing_end(generated_ids, written, end_text)]
         reply = message if message is not None else Message("assistant", _without_end(written, end_text))
         text, rendered = self._message_text(reply)
         self._record(RenderedTurn(reply, text, tuple(ids)), rendered)
+        step_timer.leave("render_tokenize")
         return ids
 
     def _missing_end(self, generated_ids: Sequence[int], written: str, end_text: str) -> list[int]:
@@ -104,15 +125,21 @@ class IncrementalRenderer:
         return self.tokenizer.encode(end_text[_marker_overlap(written, end_text):])
 
     def _message_text(self, message: Message) -> tuple[str, str]:
+        if self._local is not None:
+            return self._local.message_text(message, not self._turns, self.tools), ""
         rendered = self._render([*self.messages, message])
         return self._added_text(rendered), rendered
 
     def _generation_prompt_text(self) -> str:
-        return self._added_text(self._render(self.messages, add_generation_prompt=True))
+        if self._local is not None:
+            return self._local.generation_prompt(not self._turns, self.tools)
+        return self._added_text(self._prompted_rendering())
 
     def _end_of_turn_text(self) -> str:
         """What the template writes after an assistant reply's content, found by rendering a probe reply."""
-        prompted = self._render(self.messages, add_generation_prompt=True)
+        if self._local is not None:
+            return self._local.end_of_turn_text
+        prompted = self._prompted_rendering()
         closed = self._render([*self.messages, Message("assistant", END_OF_TURN_PROBE)])
         reply = closed[_common_prefix_length(prompted, closed):]
         _, found, end = reply.partition(END_OF_TURN_PROBE)
@@ -123,6 +150,12 @@ class IncrementalRenderer:
             return rendered[len(self._rendered):]
         self.prefix_stable = False
         return rendered[_common_prefix_length(self._rendered, rendered):]
+
+    def _prompted_rendering(self) -> str:
+        """The conversation rendered with the generation prompt, once per length of the conversation."""
+        if self._prompted is None or self._prompted[0] != len(self._turns):
+            self._prompted = (len(self._turns), self._render(self.messages, add_generation_prompt=True))
+        return self._prompted[1]
 
     def _render(self, messages: Sequence[Message], add_generation_prompt: bool = False) -> str:
         return self.template.render(messages, self.tools, add_generation_prompt)
@@ -136,7 +169,12 @@ class IncrementalRenderer:
 
     def _record(self, turn: RenderedTurn, rendered: str) -> None:
         self._turns.append(turn)
+        self._ids += turn.token_ids
         self._rendered = rendered
+
+
+def _message_local(template: ChatTemplate) -> MessageLocalTemplate | None:
+    return cast(MessageLocalTemplate, template) if callable(getattr(template, "message_text", None)) else None
 
 
 def _without_end(written: str, end_text: str) -> str:

@@ -52,3 +52,18 @@ class ChatTemplate(Protocol):
 
     def render(self, messages: Sequence[Message], tools: ToolSchemas | None = None,
                add_generation_prompt: bool = False) -> str: ...
+
+
+class MessageLocalTemplate(ChatTemplate, Protocol):
+    """A template that renders every message on its own, whatever its neighbours (prefix-stable by
+    construction): the renderer asks it for one message's text instead of rendering the conversation."""
+
+    end_of_turn_text: str  # what follows an assistant reply's content
+
+    def message_text(self, message: Message, first: bool, tools: ToolSchemas | None) -> str:
+        """What appending `message` adds to the rendering; `first`: the conversation was empty."""
+        ...
+
+    def generation_prompt(self, first: bool, tools: ToolSchemas | None) -> str:
+        """What the generation prompt adds to the rendering; `first`: the conversation is empty."""
+        ...

@@ -3,7 +3,7 @@ injects it: `time.monotonic()` in the coordinator, simulated time in the cluster
 
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from typing import Literal
 
 # The same strings as engine.worker.messages.PREFILL/DECODE (that module pulls in torch).
@@ -45,11 +45,13 @@ class AdmittedWork:
         if min(self.prefill_tokens, self.decode_tokens, self.streams, self.prompts) < 0:
             raise ValueError(f"admitted work cannot be negative, got {self}")
 
-    def __add__(self, other: AdmittedWork) -> AdmittedWork:
-        return AdmittedWork(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+    def __add__(self, other: AdmittedWork) -> AdmittedWork:  # per request: plain fields (astuple deep-copies)
+        return AdmittedWork(self.prefill_tokens + other.prefill_tokens, self.decode_tokens + other.decode_tokens,
+                            self.streams + other.streams, self.prompts + other.prompts)
 
     def __sub__(self, other: AdmittedWork) -> AdmittedWork:
-        return AdmittedWork(*(a - b for a, b in zip(astuple(self), astuple(other), strict=True)))
+        return AdmittedWork(self.prefill_tokens - other.prefill_tokens, self.decode_tokens - other.decode_tokens,
+                            self.streams - other.streams, self.prompts - other.prompts)
 
 
 @dataclass(frozen=True)

@@ -297,6 +297,8 @@ class DisaggregatedEngine:
         return replace(total, alerts=self.capacity.alerts.gauges(), role_moves=self.capacity.moves,
                        capacity_target=self.capacity.target(), last_move_at=self.capacity.last_move_at)
 
+    steps_when_idle = True  # idle workers still report (released pins, restarts, nodes joining)
+
     def worker_reports(self) -> list[WorkerReport]:
         return [WorkerReport(w.worker_id, self._role_name(w.role), w.node, w.stats) for w in self.workers if w.alive]
 

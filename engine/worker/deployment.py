@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -51,6 +52,11 @@ class DeploymentSettings(YamlSettings):
             raise ValueError(f"placement ray puts workers on several nodes: transport {self.transport!r} cannot "
                              "reach across them (tcp or rdma)")
         return self
+
+    @property
+    def worker_threads(self) -> int:
+        """Cores one worker computes on: its threads, or every core when torch picks."""
+        return self.threads_per_worker or os.cpu_count() or 1
 
     @classmethod
     def colocated(cls, threads: int | None = None) -> DeploymentSettings:

@@ -85,6 +85,8 @@ class Worker:
         while not self.stopping:
             busy = self.engine.has_unfinished()
             self._commands(wait_s=0.0 if busy else IDLE_POLL_S)
+            if not busy and self.engine.expire_pins():
+                self.unreported = True  # the released blocks show in its next Load
             self._receive_kv()
             self._take_assembled()
             if self.engine.has_unfinished():

@@ -63,6 +63,8 @@ class TokenizerFront:
     def stats(self) -> EngineStats:
         return EngineStats() if self.capacity is None else self.capacity.stats()
 
+    steps_when_idle = False
+
     def worker_reports(self) -> list[WorkerReport]:
         return []  # the upstreams report their own load
 

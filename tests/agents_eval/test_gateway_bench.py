@@ -16,6 +16,8 @@ SETTINGS = GatewayBenchSettings(model="tiny", requests=4, concurrency=(1, 4), ro
 ENGINE_SETTINGS = EngineSettings(num_kv_blocks=512)
 REPORT_KEYS = {"settings", "engine_settings", "machine", "model_config", "overhead", "session", "goal",
                "bench_wall_s", "load_average_at_end"}
+STEPS_SEEN = {"parse", "session_load", "render_tokenize", "plan", "admit", "engine", "metrics", "outputs",
+              "serialize", "session_save", "send", "other"}
 QUANTILE_KEYS = {"engine_ms", "gateway_ms", "gateway_server_ms", "overhead_ms", "overhead_in_app_ms",
                  "client_and_socket_ms"}
 
@@ -36,7 +38,13 @@ def test_report_holds_overhead_per_concurrency_level(result: BenchResult) -> Non
         assert level["samples"] == SETTINGS.requests
         assert level["same_completion_tokens"]
         assert level["tokens"]["engine"]["cached"] == level["tokens"]["gateway"]["cached"] == 0
+        steps = level["steps"]
+        assert steps["requests"] == SETTINGS.requests * SETTINGS.rounds
+        assert set(steps["steps"]) >= STEPS_SEEN and steps["steps"]["engine"]["share"] is None
+        assert sum(f["share"] for f in steps["steps"].values() if f["share"] is not None) == pytest.approx(1.0)
+        assert level["gateway_cpu_s_per_request"] > 0
     assert report["overhead"]["client_floor"]["requests"] > 0
+    assert "## Gateway time per chat request, by step (inside the server)" in result.markdown
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -134,5 +134,27 @@ async def test_with_no_restart_left_the_requests_fail_not_hang() -> None:
         with pytest.raises(EngineDeadError, match="every engine worker has died"):
             async for _ in stream:
                 pass
+    finally:
+        engine.shutdown()
+
+
+async def test_an_idle_engine_process_releases_expired_pins_and_says_so() -> None:
+    engine = AsyncLLMEngine(colocated_engine("tiny", SETTINGS))
+    engine.start()
+
+    async def free_blocks_once(done: Callable[[int], bool]) -> int:
+        for _ in range(500):
+            if done(free := engine.engine.stats().kv_blocks_free):
+                return free
+            await asyncio.sleep(0.01)
+        return engine.engine.stats().kv_blocks_free
+
+    try:
+        params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+        [_ async for _ in engine.generate(PROMPTS[2], params, session=SessionRef("short-gap", ttl_s=0.5))]
+        pinned = await free_blocks_once(lambda free: free > 0)  # its first Load is in
+        assert 0 < pinned < SETTINGS.num_kv_blocks  # type: ignore[operator]
+        # no request comes: the worker expires the pin on its own and reports it
+        assert await free_blocks_once(lambda free: free == SETTINGS.num_kv_blocks) == SETTINGS.num_kv_blocks
     finally:
         engine.shutdown()

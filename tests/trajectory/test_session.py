@@ -71,3 +71,26 @@ def test_trajectory_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -
     assert TrajectorySettings().masks.keep_last_tool_observations == 2
     monkeypatch.setenv("AGENTSERVE_TRAJECTORY_TTL__CAP_S", "7.5")
     assert TrajectorySettings().ttl.cap_s == 7.5
+
+
+def test_a_state_serialised_again_encodes_only_its_new_turns_and_reads_back_whole() -> None:
+    state = state_with_tool_turns(4)
+    first = state.to_bytes()
+    history = state._history
+    more = state_with_tool_turns(7)
+    state.rendered += more.rendered[4:]  # appended turns, as the renderer adds them
+    state.turns = more.turns
+    again = state.to_bytes()
+    assert state._history is history  # continued, not started over
+    assert SessionState.from_bytes(first) == state_with_tool_turns(4)
+    assert SessionState.from_bytes(again) == more
+    assert json.loads(zlib.decompress(again)) == json.loads(zlib.decompress(more.to_bytes()))
+
+
+def test_a_state_whose_history_was_replaced_is_encoded_afresh() -> None:
+    state = state_with_tool_turns(4)
+    state.to_bytes()
+    other = state_with_tool_turns(3)
+    state.rendered = other.rendered  # same length-prefix, other turns: a restarted session
+    state.turns = other.turns
+    assert SessionState.from_bytes(state.to_bytes()) == other

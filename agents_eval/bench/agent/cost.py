@@ -52,7 +52,7 @@ def engine_resources(env: Mapping[str, str], split: Mapping[str, int]) -> Resour
     else:
         keys = {"threads_per_worker"}
         processes = sum(split.values())
-        cores = processes * DeploymentSettings(**_overrides(env, "AGENTSERVE_DEPLOYMENT_", keys)).threads_per_worker
+        cores = processes * DeploymentSettings(**_overrides(env, "AGENTSERVE_DEPLOYMENT_", keys)).worker_threads
     return Resources(cores, 0 if engine.device == "cpu" else processes)
 
 

@@ -49,7 +49,7 @@ def colocated_threads(user_env: Mapping[str, str]) -> int:
     prefix = "AGENTSERVE_DEPLOYMENT_"
     overrides: dict[str, Any] = {k.removeprefix(prefix).lower(): v for k, v in user_env.items() if k.startswith(prefix)}
     deployment = DeploymentSettings(**{k: v for k, v in overrides.items() if k in keys})
-    return (deployment.prefill + deployment.decode) * deployment.threads_per_worker
+    return (deployment.prefill + deployment.decode) * deployment.worker_threads
 
 
 def free_port() -> int:

@@ -109,6 +109,8 @@ def run_swing(model: str, workload: SwingWorkload, split: tuple[int, int], capac
 
 def _drive(engine: DisaggregatedEngine, workload: SwingWorkload, progress: Callable[[int], None]) -> RunResult:
     result, live = RunResult(), {}
+    capacity = engine.capacity
+    assert capacity is not None, "a swing runs with the capacity controller"
     pending = workload.arrivals()
     result.requests = len(pending)
     start = time.monotonic()
@@ -124,13 +126,13 @@ def _drive(engine: DisaggregatedEngine, workload: SwingWorkload, progress: Calla
             live[request_id] = _Live(start + at)
         for out in engine.step(0.002):
             _record(signals.admission, live, result, out, time.monotonic(), progress)
-        if now - last_push >= engine.capacity.settings.interval_s:
+        if now - last_push >= capacity.settings.interval_s:
             signals.push(now)
             result.timeline.append((now - start, sum(w.role == "prefill" for w in engine.workers),
                                     signals.monitor.mix(now).think_share))
             last_push = now
     result.events = [{**event.detail, "kind": event.kind, "at": event.at - start}
-                     for event in engine.capacity.events.events]
+                     for event in capacity.events.events]
     return result
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agents_eval.bench.gateway import report as bench_report
+from agents_eval.bench.gateway import steps as bench_steps
 from agents_eval.bench.gateway.client import ClientProcess
 from agents_eval.bench.gateway.overhead import measure_overhead
 from agents_eval.bench.gateway.server import RunningGateway, running_gateway
@@ -124,6 +125,7 @@ def run_benchmark(settings: GatewayBenchSettings, out_dir: Path,
     machine = machine_info()  # before the run, so its load average shows other work, not ours
     pairs, warm = _sessions(settings, engine)
     with running_gateway(_gateway_settings(settings), engine) as gw:
+        bench_steps.instrument(gw.state)
         overhead, session = _measure(settings, gw, pairs, warm)
     load_at_end = os.getloadavg()
     report = {
@@ -132,8 +134,8 @@ def run_benchmark(settings: GatewayBenchSettings, out_dir: Path,
         "goal": bench_report.goal(overhead),
         "bench_wall_s": time.perf_counter() - start, "load_average_at_end": list(load_at_end),
     }
-    tables = [bench_report.overhead_table(overhead), bench_report.session_summary_table(session),
-              bench_report.per_turn_table(session)]
+    tables = [bench_report.overhead_table(overhead), bench_steps.steps_table(overhead["levels"]),
+              bench_report.session_summary_table(session), bench_report.per_turn_table(session)]
     title = f"{settings.model}: {settings.turns}-turn agent session, max_output_tokens {settings.max_tokens}, greedy"
     notes = bench_report.notes(overhead, machine["load_average"][0], load_at_end[0], machine["cpu_count"] or 1)
     files = write_report(out_dir, report, "agentserve gateway benchmark", tables,

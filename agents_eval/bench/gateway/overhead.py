@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from agents_eval.bench.gateway import steps
 from agents_eval.bench.gateway.client import ClientProcess, closed_loop
 from agents_eval.bench.gateway.server import RunningGateway, reset_prefix_cache
 from engine.mask import MaskedSpan
@@ -46,6 +47,8 @@ class PathSamples:
 
     latency_s: list[float] = field(default_factory=list)  # client-observed (engine path: submit to last output)
     server_s: list[float] = field(default_factory=list)  # gateway path: inside the app
+    steps_ns: list[dict[str, int]] = field(default_factory=list)  # gateway path: per step, inside the app
+    loop_cpu_s: float = 0.0  # gateway path: CPU time of the server's thread over its waves
     completion_tokens: int = 0
     cached_tokens: int = 0
 
@@ -92,10 +95,18 @@ def run_engine_wave(gw: RunningGateway, wave: list[ChatRequest], concurrency: in
 def run_gateway_wave(gw: RunningGateway, client: ClientProcess, wave: list[ChatRequest], concurrency: int,
                      samples: PathSamples, tag: str) -> None:
     requests = [{"id": f"{tag}-{index}", "body": request.body} for index, request in enumerate(wave)]
-    for result in client.call(op="chat", requests=requests, concurrency=concurrency)["results"]:
+    cpu_before = gw.run_on_server_loop(_thread_time())
+    results = client.call(op="chat", requests=requests, concurrency=concurrency)["results"]
+    samples.loop_cpu_s += gw.run_on_server_loop(_thread_time()) - cpu_before
+    for result in results:
         usage = result["usage"]
         samples.add(result["latency_s"], usage["completion_tokens"], usage["prompt_tokens_details"]["cached_tokens"])
         samples.server_s.append(gw.probe.seconds.pop(result["id"]))
+        samples.steps_ns.append(gw.probe.steps.pop(result["id"]))
+
+
+async def _thread_time() -> float:
+    return time.thread_time()
 
 
 def measure_level(gw: RunningGateway, client: ClientProcess, requests: list[ChatRequest], concurrency: int,
@@ -143,6 +154,8 @@ def summarize(runs: dict[str, PathSamples], concurrency: int) -> dict[str, Any]:
     figures["same_completion_tokens"] = engine.completion_tokens == gateway.completion_tokens
     figures["samples_s"] = {ENGINE: engine.latency_s, GATEWAY: gateway.latency_s,
                             "gateway_server": gateway.server_s}
+    figures["steps"] = steps.summarize(gateway.steps_ns)
+    figures["gateway_cpu_s_per_request"] = gateway.loop_cpu_s / len(gateway.latency_s)
     return figures
 
 

@@ -25,8 +25,10 @@ from gateway.app import create_app
 from gateway.responses_ws import uvicorn_websocket_options
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
+from trajectory import step_timer
 
 BENCH_ID_HEADER = b"x-bench-id"
+OUTSIDE_STEPS, PARSE_STEP, SEND_STEP = "other", "parse", "send"
 READY_TIMEOUT_S = 60.0
 T = TypeVar("T")
 
@@ -34,9 +36,10 @@ T = TypeVar("T")
 @dataclass
 class ServerProbe:
     """Seconds each request tagged with `x-bench-id` spent in the app (uvicorn's parsing and socket excluded),
-    and the server's event loop."""
+    its nanoseconds per step (`trajectory.step_timer`), and the server's event loop."""
 
     seconds: dict[str, float] = field(default_factory=dict)
+    steps: dict[str, dict[str, int]] = field(default_factory=dict)
     loop: asyncio.AbstractEventLoop | None = None
 
 
@@ -51,11 +54,16 @@ class TimedApp:
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
+        steps = step_timer.timing(OUTSIDE_STEPS)
+        steps.enter(PARSE_STEP)  # until the route's handler starts
 
         async def timed_send(message: Message) -> None:
+            steps.enter(SEND_STEP)
             await send(message)
+            steps.leave(SEND_STEP)
             if message["type"] == "http.response.body" and not message.get("more_body", False):
                 self.probe.seconds[bench_id] = time.perf_counter() - start
+                self.probe.steps[bench_id] = steps.finish()
 
         await self.app(scope, receive, timed_send)
 
