@@ -211,6 +211,10 @@ class LLMEngine:
 
     steps_when_idle = False  # nothing happens here between requests
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block; False (nothing done) while a request holds blocks."""
+        return self.kv.reset_prefix_cache()
+
     def expire_pins(self) -> int:
         """Release the session pins whose time is up now, as a step would (an idle engine takes no step)."""
         return self.scheduler.pins.expire(time.monotonic())

@@ -70,6 +70,7 @@ class DisaggregatedEngine:
         self.stopping = False
         self._ids = itertools.count()
         self._counters: dict[int, m.KVCounters] = {}
+        self._resets: dict[int, bool] = {}
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -207,6 +208,8 @@ class DisaggregatedEngine:
             self._forward_handoff(worker, event)
         elif isinstance(event, m.Counters):
             self._counters[event.worker_id] = event.counters
+        elif isinstance(event, m.PrefixCacheReset):
+            self._resets[event.worker_id] = event.done
         elif isinstance(event, m.RoleChanged):
             latency = max(0.0, event.applied_at - worker.clock_offset_s - event.sent_at)
             self.role_switches.append(latency)
@@ -319,14 +322,23 @@ class DisaggregatedEngine:
 
     def kv_counters(self, timeout_s: float = 10.0) -> dict[int, m.KVCounters]:
         """Each live worker's KV receive counters (asked between their steps)."""
+        self._counters.clear()
+        self._ask_every_worker(m.CountersQuery(), self._counters, timeout_s)
+        return dict(self._counters)
+
+    def reset_prefix_cache(self, timeout_s: float = 10.0) -> bool:
+        """Every live worker forgets its cached blocks; False if any could not (a request holds blocks)."""
+        self._resets.clear()
+        self._ask_every_worker(m.ResetPrefixCache(), self._resets, timeout_s)
+        return len(self._resets) == sum(w.alive for w in self.workers) and all(self._resets.values())
+
+    def _ask_every_worker(self, command: m.Command, answers: dict[int, Any], timeout_s: float) -> None:
         for worker in self.workers:
             if worker.alive:
-                self._send(worker, m.CountersQuery())
-        self._counters.clear()
+                self._send(worker, command)
         deadline = time.monotonic() + timeout_s
-        while len(self._counters) < sum(w.alive for w in self.workers) and time.monotonic() < deadline:
+        while len(answers) < sum(w.alive for w in self.workers) and time.monotonic() < deadline:
             self.step()
-        return dict(self._counters)
 
     def set_role(self, worker_id: int, role: str) -> None:
         worker = self.workers[worker_id]

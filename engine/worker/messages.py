@@ -72,6 +72,11 @@ class CountersQuery:
 
 
 @dataclass
+class ResetPrefixCache:
+    """Forget every cached block (benchmarks; vLLM's /reset_prefix_cache); answered by `PrefixCacheReset`."""
+
+
+@dataclass
 class Listen:
     """Open a KV receiver for a worker that joined after this one started (answered by `Listening`)."""
 
@@ -79,7 +84,7 @@ class Listen:
 
 
 Command = (Submit | AcceptHandoff | Abort | SetRole | SetSessionTTL | Ping | Shutdown | InjectKVFault
-           | CountersQuery | Listen)
+           | CountersQuery | Listen | ResetPrefixCache)
 
 
 # worker -> coordinator
@@ -97,6 +102,12 @@ class Hello:
     """A worker that dials in (a Ray actor) says who it is, before it loads the model."""
 
     worker_id: int
+
+
+@dataclass
+class PrefixCacheReset:
+    worker_id: int
+    done: bool  # False: a request still holds blocks
 
 
 @dataclass
@@ -166,4 +177,5 @@ class Load:
     kv_tiers: dict[str, Any] | None = None  # its KV tier counters (LLMEngine.kv_tier_stats); None: no tiers
 
 
-Event = Load | Ready | Outputs | Prefilled | RoleChanged | Pong | Stopped | Counters | Hello | Listening
+Event = (Load | Ready | Outputs | Prefilled | RoleChanged | Pong | Stopped | Counters | Hello | Listening
+         | PrefixCacheReset)

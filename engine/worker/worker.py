@@ -27,6 +27,7 @@ from engine.worker.kv_stream import LayerStreamer
 
 log = logging.getLogger(__name__)
 IDLE_POLL_S = 0.002
+LOST_COORDINATOR = (EOFError, BrokenPipeError, ConnectionResetError)  # its pipe (or connection) ended
 
 
 @dataclass
@@ -82,18 +83,24 @@ class Worker:
         return address
 
     def loop(self) -> None:
-        while not self.stopping:
-            busy = self.engine.has_unfinished()
-            self._commands(wait_s=0.0 if busy else IDLE_POLL_S)
-            if not busy and self.engine.expire_pins():
-                self.unreported = True  # the released blocks show in its next Load
-            self._receive_kv()
-            self._take_assembled()
-            if self.engine.has_unfinished():
-                self._dispatch(self.engine.step(self.streamer.on_layer))
-                self.unreported = True
-            self._report_load()
-        self.conn.send(m.Stopped(self.assembler.counters))
+        try:
+            while not self.stopping:
+                self._turn()
+            self.conn.send(m.Stopped(self.assembler.counters))
+        except LOST_COORDINATOR:  # the serving process is gone: nobody left to serve
+            log.warning("worker %d lost its coordinator; stopping", self.spec.worker_id)
+
+    def _turn(self) -> None:
+        busy = self.engine.has_unfinished()
+        self._commands(wait_s=0.0 if busy else IDLE_POLL_S)
+        if not busy and self.engine.expire_pins():
+            self.unreported = True  # the released blocks show in its next Load
+        self._receive_kv()
+        self._take_assembled()
+        if self.engine.has_unfinished():
+            self._dispatch(self.engine.step(self.streamer.on_layer))
+            self.unreported = True
+        self._report_load()
 
     def _report_load(self) -> None:
         """Every report interval while busy, and at once when it turns idle."""
@@ -131,6 +138,8 @@ class Worker:
             self.streamer.set_fault(command.fault)
         elif isinstance(command, m.CountersQuery):
             self.conn.send(m.Counters(self.spec.worker_id, self.assembler.counters))
+        elif isinstance(command, m.ResetPrefixCache):
+            self.conn.send(m.PrefixCacheReset(self.spec.worker_id, self.engine.reset_prefix_cache()))
         elif isinstance(command, m.Listen):
             self.conn.send(m.Listening(self.spec.worker_id, command.peer_id, self.listen(command.peer_id)))
 

@@ -28,8 +28,10 @@ from agents_eval.bench.gateway.overhead import measure_overhead
 from agents_eval.bench.gateway.server import RunningGateway, running_gateway
 from agents_eval.bench.gateway.session import Session, make_session, run_sessions, session_tokens
 from agents_eval.report import ReportFiles, check_settings, machine_info, write_report
+from engine.async_engine import ServingEngine
 from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine
+from engine.worker.coordinator import DisaggregatedEngine, colocated_engine
 from gateway.settings import GatewaySettings
 from trajectory.template import load_chat_template
 
@@ -50,6 +52,7 @@ class GatewayBenchSettings:
     observation_tokens: tuple[int, int] = (50, 70)  # 20 turns of these fit the tiny model's 2048 tokens
     seed: int = 0
     num_threads: int = 0  # torch threads of the engine; 0: torch's default (every core)
+    engine_in_process: bool = False  # the engine on a thread of the gateway (the old model) instead of a process
 
     def validate(self) -> None:
         low, high = self.observation_tokens
@@ -76,7 +79,7 @@ class BenchResult:
 SessionPairs = list[tuple[Session, Session]]
 
 
-def _sessions(settings: GatewayBenchSettings, engine: LLMEngine) -> tuple[SessionPairs, tuple[Session, Session]]:
+def _sessions(settings: GatewayBenchSettings, engine: ServingEngine) -> tuple[SessionPairs, tuple[Session, Session]]:
     """Per pair the same observations twice, each with its own system-prompt nonce (WebSocket, chat)."""
     tokenizer = engine.tokenizer
     if tokenizer is None:
@@ -121,9 +124,14 @@ def run_benchmark(settings: GatewayBenchSettings, out_dir: Path,
     engine_settings = engine_settings or EngineSettings()
     if settings.num_threads:
         engine_settings = engine_settings.model_copy(update={"num_threads": settings.num_threads})
-    engine = LLMEngine(settings.model, engine_settings)
+    engine: LLMEngine | DisaggregatedEngine = (LLMEngine(settings.model, engine_settings) if settings.engine_in_process
+                                               else colocated_engine(settings.model, engine_settings))
     machine = machine_info()  # before the run, so its load average shows other work, not ours
-    pairs, warm = _sessions(settings, engine)
+    try:
+        pairs, warm = _sessions(settings, engine)
+    except BaseException:  # the gateway, which stops the engine, never started
+        engine.shutdown()
+        raise
     with running_gateway(_gateway_settings(settings), engine) as gw:
         bench_steps.instrument(gw.state)
         overhead, session = _measure(settings, gw, pairs, warm)
@@ -156,12 +164,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sessions", type=int, default=defaults.sessions, help="agent sessions per mode")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--threads", type=int, default=0, help="torch threads of the engine (0: torch's default)")
+    parser.add_argument("--engine-in-process", action="store_true",
+                        help="run the engine on a thread of the gateway, as before it became a process")
 
 
 def run(args: argparse.Namespace) -> None:
     options = {name: getattr(args, name) for name in INT_OPTIONS}
     settings = GatewayBenchSettings(model=args.model, concurrency=tuple(args.concurrency), num_threads=args.threads,
-                                    **options)
+                                    engine_in_process=args.engine_in_process, **options)
     result = run_benchmark(settings, args.out)
     print(result.markdown)
     print(f"report: {result.files.json}, chart: {result.files.chart} "

@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.async_engine import AsyncLLMEngine, ServingEngine
 from engine.llm_engine import LLMEngine
+from engine.worker.coordinator import DisaggregatedEngine
 from gateway.app import create_app
 from gateway.responses_ws import uvicorn_websocket_options
 from gateway.settings import GatewaySettings
@@ -100,7 +101,7 @@ def _loopback_socket() -> socket.socket:
 
 
 @contextlib.contextmanager
-def running_gateway(settings: GatewaySettings, engine: LLMEngine) -> Iterator[RunningGateway]:
+def running_gateway(settings: GatewaySettings, engine: ServingEngine) -> Iterator[RunningGateway]:
     """The gateway on a free loopback port, served from a background thread until the block exits."""
     sock = _loopback_socket()
     port = int(sock.getsockname()[1])
@@ -138,9 +139,9 @@ def reset_prefix_cache(engine: AsyncLLMEngine, timeout_s: float = 30.0) -> None:
 
     def reset(llm: ServingEngine) -> None:
         try:
-            if not isinstance(llm, LLMEngine):
-                raise TypeError("the gateway benchmark serves the colocated engine")
-            done.set_result(llm.kv.reset_prefix_cache())
+            if not isinstance(llm, LLMEngine | DisaggregatedEngine):
+                raise TypeError("the gateway benchmark serves an engine of its own, not upstreams")
+            done.set_result(llm.reset_prefix_cache())
         except Exception as error:  # handed to the waiting caller; the engine loop must go on
             done.set_exception(error)
 
