@@ -83,6 +83,8 @@ class SloPolicy:
         return self.deadline(seq) + self.config.slo_class(seq.params.slo_class).ttft_s * level
 
     def order_waiting(self, waiting: deque[Sequence], now: float) -> None:
+        if len(waiting) < 2:
+            return
         groups: dict[tuple[bool, float], list[Sequence]] = {}
         for seq in waiting:
             groups.setdefault((self.is_vip(seq), self.config.slo_class(seq.params.slo_class).ttft_s), []).append(seq)
@@ -96,7 +98,8 @@ class SloPolicy:
         waiting.extend(item[3] for item in keyed)
 
     def order_running(self, running: list[Sequence]) -> None:
-        running.sort(key=lambda s: (_in_prefill(s), not self.is_vip(s), _remaining_steps(s)))
+        if len(running) > 1:
+            running.sort(key=lambda s: (_in_prefill(s), not self.is_vip(s), _remaining_steps(s)))
 
     def served(self, seq: Sequence, num_tokens: int, now: float) -> None:
         if seq.session is not None:

@@ -11,6 +11,7 @@ that misses the pool is looked up in the lower tiers (`LowerTiers`) and loaded w
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import struct
@@ -26,12 +27,17 @@ BlockKeys = Callable[[int], ExtraKeys]  # block index -> the extra keys of that 
 
 def hash_block_tokens(parent_hash: int | None, token_ids: Sequence[int], extra_keys: ExtraKeys = ()) -> int:
     """Chained hash of one full block: a stable 64-bit int, identical across processes and runs."""
-    hasher = hashlib.blake2b(digest_size=8)
-    hasher.update(b"\x00" if parent_hash is None else b"\x01" + parent_hash.to_bytes(8, "big"))
-    hasher.update(struct.pack(f">I{len(token_ids)}q", len(token_ids), *token_ids))
+    hasher = hashlib.blake2b(b"\x00" if parent_hash is None else b"\x01" + parent_hash.to_bytes(8, "big"),
+                             digest_size=8)
+    hasher.update(_block_struct(len(token_ids)).pack(len(token_ids), *token_ids))
     for key in extra_keys:
         hasher.update(_encode_extra_key(key))
     return int.from_bytes(hasher.digest(), "big")
+
+
+@functools.cache
+def _block_struct(num_tokens: int) -> struct.Struct:
+    return struct.Struct(f">I{num_tokens}q")
 
 
 def _encode_extra_key(key: int | str) -> bytes:
@@ -49,6 +55,9 @@ class KVCacheBlocks:
     """Opaque allocation result handed to the scheduler."""
 
     block_ids: tuple[int, ...] = ()
+
+
+_NO_BLOCKS = KVCacheBlocks()
 
 
 @dataclass
@@ -90,7 +99,7 @@ class KVCacheManager:
 
     @property
     def usage(self) -> float:
-        return 1.0 - self.pool.num_free / len(self.pool.blocks)
+        return 1.0 - self.pool.num_free / self.pool.num_blocks
 
     def block_ids(self, request_id: str) -> list[int]:
         return [block.block_id for block in self.req_blocks.get(request_id, [])]
@@ -181,32 +190,40 @@ class KVCacheManager:
 
         Returns only the newly allocated blocks. Blocks that become full are registered in the prefix cache.
         """
-        computed = [self.pool.blocks[block_id] for block_id in self._ids(new_computed_blocks)]
-        num_held = len(self.req_blocks.get(request_id, []))
+        computed = [self.pool.block(block_id) for block_id in self._ids(new_computed_blocks)]
+        num_held = len(self.req_blocks.get(request_id, ()))
         if computed and num_held:
             raise ValueError(f"request {request_id}: new_computed_blocks only at its first allocation")
         num_tokens = num_computed_tokens + num_new_tokens
         num_needed = max(0, _cdiv(num_tokens, self.block_size) - num_held - len(computed))
-        num_revived = sum(1 for block in computed if block.ref_cnt == 0)
-        if num_needed > self.pool.num_free - num_revived:
+        if computed:
+            if num_needed > self.pool.num_free - sum(1 for block in computed if block.ref_cnt == 0):
+                return None
+            self.pool.touch(computed)
+        elif num_needed > self.pool.num_free:
             return None
-        self.pool.touch(computed)
-        new_blocks = self.pool.take(num_needed)
+        new_blocks = self.pool.take(num_needed) if num_needed else []
         self.req_blocks.setdefault(request_id, []).extend(computed + new_blocks)
-        self._cache_full_blocks(request_id, token_ids, min(num_tokens, len(token_ids)), extra_keys)
-        return KVCacheBlocks(tuple(block.block_id for block in new_blocks))
+        self._cache_full_blocks(request_id, token_ids, min(num_tokens, len(token_ids)), extra_keys, computed)
+        return KVCacheBlocks(tuple(block.block_id for block in new_blocks)) if new_blocks else _NO_BLOCKS
 
     @staticmethod
     def _ids(blocks: KVCacheBlocks | None) -> tuple[int, ...]:
         return blocks.block_ids if blocks is not None else ()
 
-    def _cache_full_blocks(
-        self, request_id: str, token_ids: Sequence[int], num_tokens: int, extra_keys: ExtraKeys | BlockKeys
-    ) -> None:
+    def _cache_full_blocks(self, request_id: str, token_ids: Sequence[int], num_tokens: int,
+                           extra_keys: ExtraKeys | BlockKeys, computed: list[KVCacheBlock]) -> None:
+        """Register the request's blocks that became full. Its prefix-cache hits (`computed`) are registered
+        under their chain hashes already, so those are taken as the chain's start instead of rehashed."""
         if not self.enable_prefix_caching:
             return
         hashes = self.req_block_hashes.setdefault(request_id, [])
-        start, stop = len(hashes), num_tokens // self.block_size
+        stop = num_tokens // self.block_size
+        if not hashes:
+            hashes += [block.block_hash for block in computed[:stop]]  # type: ignore[misc]
+        start = len(hashes)
+        if start >= stop:
+            return
         hashes.extend(self._block_hashes(token_ids, extra_keys, hashes[-1] if hashes else None, start, stop))
         parents = [hashes[index - 1] if index else None for index in range(start, stop)]
         for block, block_hash, parent in zip(self.req_blocks[request_id][start:stop], hashes[start:], parents,

@@ -10,7 +10,7 @@ their blocks are marked VIP for the eviction policy (engine.kv_cache.policy), wh
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
 from dataclasses import dataclass
 
 from engine.block_manager import HeldBlocks, KVCacheManager
@@ -19,7 +19,7 @@ from engine.block_manager import HeldBlocks, KVCacheManager
 @dataclass
 class Pin:
     held: HeldBlocks
-    token_ids: tuple[int, ...]  # the tokens whose KV the blocks hold, in order
+    token_ids: list[int]  # the tokens whose KV the blocks hold, in order (the pin's own list, never changed)
     expires_at: float
     vip: bool
 
@@ -37,19 +37,21 @@ class SessionPins:
         self.kv = kv
         self.pins: dict[str, Pin] = {}
         self.stats = PinStats()
+        self._earliest_expiry = math.inf  # no pin expires before this (it may be stale-early, never late)
 
     @property
     def num_pinned_blocks(self) -> int:
         return sum(len(pin.held.blocks) for pin in self.pins.values())
 
-    def pin(self, key: str, request_id: str, token_ids: Sequence[int], ttl_s: float, vip: bool,
-            now: float) -> None:
-        """Move the finished request's blocks into the session's pin, replacing an older one."""
+    def pin(self, key: str, request_id: str, token_ids: list[int], ttl_s: float, vip: bool, now: float) -> None:
+        """Move the finished request's blocks into the session's pin, replacing an older one. The pin keeps
+        `token_ids` itself, not a copy: the caller hands over a list of its own (a slice)."""
         self.unpin(key)
         held = self.kv.detach(request_id)
         if vip:  # the eviction policy never picks a VIP session's blocks, pinned or not
             self.kv.pool.accessed(held.blocks, vip=True)
-        self.pins[key] = Pin(held, tuple(token_ids), now + ttl_s, vip)
+        self.pins[key] = Pin(held, token_ids, now + ttl_s, vip)
+        self._earliest_expiry = min(self._earliest_expiry, now + ttl_s)
         self.stats.pinned += 1
 
     def set_ttl(self, key: str, ttl_s: float, now: float) -> bool:
@@ -57,6 +59,7 @@ class SessionPins:
         pin = self.pins.get(key)
         if pin is not None:
             pin.expires_at = now + ttl_s
+            self._earliest_expiry = min(self._earliest_expiry, pin.expires_at)
         return pin is not None
 
     def unpin(self, key: str) -> None:
@@ -64,7 +67,7 @@ class SessionPins:
         if pin is not None:
             self.kv.release(pin.held)
 
-    def adopt(self, key: str, request_id: str, token_ids: Sequence[int]) -> Pin | None:
+    def adopt(self, key: str, request_id: str, token_ids: list[int]) -> Pin | None:
         """Give the session's pinned blocks to its next turn when they hold a prefix of its tokens.
 
         The request then has KV for `len(pin.token_ids)` tokens. At least one of its tokens is always
@@ -74,7 +77,7 @@ class SessionPins:
         if pin is None:
             return None
         num_pinned = len(pin.token_ids)
-        if not 0 < num_pinned < len(token_ids) or tuple(token_ids[:num_pinned]) != pin.token_ids:
+        if not 0 < num_pinned < len(token_ids) or token_ids[:num_pinned] != pin.token_ids:
             self.unpin(key)  # the history changed: these blocks are no longer this session's prefix
             return None
         del self.pins[key]
@@ -86,12 +89,17 @@ class SessionPins:
         """Undo an adoption whose allocation failed: the blocks go back into the pin."""
         pin.held = self.kv.detach(request_id)
         self.pins[key] = pin
+        self._earliest_expiry = min(self._earliest_expiry, pin.expires_at)
         self.stats.adopted -= 1
 
     def expire(self, now: float) -> int:
+        """Release the pins whose time is up (in pinning order); a no-op until the earliest one is due."""
+        if now < self._earliest_expiry:
+            return 0
         expired = [key for key, pin in self.pins.items() if pin.expires_at <= now]
         for key in expired:
             self.unpin(key)
+        self._earliest_expiry = min((pin.expires_at for pin in self.pins.values()), default=math.inf)
         self.stats.expired += len(expired)
         return len(expired)
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import simpy
 
+from agents_eval.sim.blocks import Prompt
 from agents_eval.sim.cluster import Cluster
 from agents_eval.sim.records import RequestRecord
 from agents_eval.sim.tokens import SimSequence
@@ -54,16 +55,18 @@ class Gateway:
     def play(self, session: SimSession, system: list[int]) -> Generator[simpy.Event, Any, None]:
         env, tokens = self.cluster.env, self.cluster.tokens
         yield env.timeout(session.start_s)
-        history, previous = list(system), list[int]()
+        # a prompt is what the session keeps (all its history, or the system prompt), the previous reply and
+        # the turn's new tokens
+        kept, previous = Prompt(self.cluster.config.engine.block_size, system), list[int]()
         for turn in session.turns:
             if turn.gap_s:
                 yield env.timeout(turn.gap_s)
-            kept = history if session.history == APPEND else system + previous
-            prompt = kept + tokens.fresh(turn.new_tokens)
+            prompt = kept.then(previous, tokens.fresh(turn.new_tokens))
             record = self.serve(session.session_id, prompt, turn.output_tokens, turn.gap_s, turn.phase)
             yield record.done
             previous = record.output_ids
-            history = prompt + previous
+            if session.history == APPEND:
+                kept = prompt
 
     def serve(self, session_id: str, prompt: list[int], output_tokens: int, gap_s: float = 0.0,
               phase: str = "think") -> RequestRecord:

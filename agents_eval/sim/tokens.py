@@ -22,6 +22,10 @@ class TokenView(SequenceABC[int]):
     def __init__(self, head: list[int], tail: list[int]) -> None:
         self._head, self._tail = head, tail
 
+    @property
+    def head(self) -> list[int]:
+        return self._head
+
     def __len__(self) -> int:
         return len(self._head) + len(self._tail)
 
@@ -43,7 +47,8 @@ class TokenView(SequenceABC[int]):
             return list(self)[index]
         if stop <= split:
             return self._head[start:stop]
-        return self._head[start:split] + self._tail[max(0, start - split):stop - split]
+        head = self._head if start == 0 else self._head[start:split]  # a whole history: one copy, not two
+        return head + self._tail[max(0, start - split):stop - split]
 
     def __iter__(self) -> Iterator[int]:
         return itertools.chain(self._head, self._tail)

@@ -62,13 +62,16 @@ def choose_decode_worker(turn: Turn, workers: Sequence[WorkerLoad], settings: Ca
     """The cheapest of `workers` (the caller passes the decode workers) to decode this turn."""
     if not workers:
         raise ValueError("no worker to decode on")
-    choices = []
+    best: tuple[float, int, int, int] | None = None  # (cost, worker id, uncached tokens, blocks to move)
     for worker in workers:
         uncached = turn.uncached_on(worker.worker_id)
         blocks = blocks_to_move(uncached, block_size)
         cost = settings.overlap_weight * blocks + worker_load(worker, block_size)
-        choices.append(DecodeChoice(worker.worker_id, uncached, blocks, cost))
-    return min(choices, key=lambda choice: (choice.cost, choice.worker_id))
+        if best is None or (cost, worker.worker_id) < best[:2]:
+            best = (cost, worker.worker_id, uncached, blocks)
+    assert best is not None
+    cost, worker_id, uncached, blocks = best
+    return DecodeChoice(worker_id, uncached, blocks, cost)
 
 
 def prefill_locally(uncached_tokens: int, prompt_tokens: int, settings: CapacitySettings) -> bool:

@@ -12,7 +12,7 @@ from typing import Protocol
 from engine.kv_cache.policy import EvictionPolicy
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class KVCacheBlock:
     block_id: int
     ref_cnt: int = 0
@@ -32,16 +32,31 @@ class BlockPool:
 
     def __init__(self, num_blocks: int, policy: EvictionPolicy | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.blocks = [KVCacheBlock(block_id) for block_id in range(num_blocks)]
-        self.free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
+        self.num_blocks = num_blocks
+        # Blocks are made when first taken, in id order: the never-used ones (ids from len(_made)) are the
+        # head of the free queue, ahead of every freed block, so they need neither an object nor an entry.
+        self._made: list[KVCacheBlock] = []
+        self.free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict()  # freed blocks, after the never-used
         self.free_cached: dict[int, KVCacheBlock] = {}  # under a policy: free blocks with a hash, by hash
         self.cached: dict[int, KVCacheBlock] = {}
         self.policy, self.clock = policy, clock
         self.on_evict: Callable[[KVCacheBlock], None] | None = None
 
     @property
+    def blocks(self) -> list[KVCacheBlock]:
+        """Every block by id; makes the never-used ones (a whole pool of objects: not for the hot path)."""
+        if len(self._made) < self.num_blocks:
+            unused = [KVCacheBlock(block_id) for block_id in range(len(self._made), self.num_blocks)]
+            self._made += unused
+            self.free_queue = OrderedDict([*((b.block_id, b) for b in unused), *self.free_queue.items()])
+        return self._made
+
+    def block(self, block_id: int) -> KVCacheBlock:
+        return (self._made if block_id < len(self._made) else self.blocks)[block_id]
+
+    @property
     def num_free(self) -> int:
-        return len(self.free_queue) + len(self.free_cached)
+        return self.num_blocks - len(self._made) + len(self.free_queue) + len(self.free_cached)
 
     def lookup(self, block_hash: int) -> KVCacheBlock | None:
         return self.cached.get(block_hash)
@@ -53,6 +68,10 @@ class BlockPool:
         return [self._pop_free() for _ in range(num_blocks)]
 
     def _pop_free(self) -> KVCacheBlock:
+        if len(self._made) < self.num_blocks:
+            block = KVCacheBlock(len(self._made), ref_cnt=1)
+            self._made.append(block)
+            return block
         if self.policy is None or self.free_queue:
             _, block = self.free_queue.popitem(last=False)
         else:
@@ -115,7 +134,7 @@ class BlockPool:
             self.policy.access_chain(keys, self.clock(), vip)
 
     def reset(self) -> bool:
-        if self.num_free < len(self.blocks):
+        if self.num_free < self.num_blocks:
             return False
         for block in list(self.cached.values()):
             self._forget(block)

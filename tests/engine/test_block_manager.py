@@ -217,3 +217,15 @@ def test_free_unknown_request_is_a_noop() -> None:
     assert kv.num_free_blocks == 4
     assert ref_counts(kv) == [0, 0, 0, 0]
     assert kv.block_ids("nope") == []
+
+
+def test_a_prefix_hit_continues_the_chain_of_hashes() -> None:
+    kv = KVCacheManager(num_blocks=10, block_size=BLOCK_SIZE)
+    admit(kv, "r0", tokens(0, 10))
+    prompt = [*tokens(0, 8), *tokens(50, 9)]
+    admit(kv, "r1", prompt)
+    chain: list[int] = []
+    for index in range(len(prompt) // BLOCK_SIZE):
+        chain.append(hash_block_tokens(chain[-1] if chain else None, prompt[index * 4:(index + 1) * 4]))
+    assert kv.detach("r1").block_hashes == chain
+    assert kv.get_computed_blocks([*prompt, 1]) == (KVCacheBlocks((0, 1, 3, 4)), 16)

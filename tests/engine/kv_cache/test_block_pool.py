@@ -41,3 +41,14 @@ def test_a_touched_block_is_not_evicted_and_reset_forgets_hashes() -> None:
     pool.release([blocks[2]])
     assert pool.reset() and pool.cached == {} and all(b.block_hash is None for b in pool.blocks)
     assert pool.num_free == 3 and len(pool.take(3)) == 3
+
+
+def test_never_used_blocks_go_first_in_id_order_listed_or_not() -> None:
+    for list_blocks in (False, True):
+        pool = BlockPool(5)
+        first = pool.take(2)
+        pool.release(reversed(first))
+        if list_blocks:
+            assert [b.ref_cnt for b in pool.blocks] == [0] * 5
+        assert pool.num_free == 5
+        assert [b.block_id for b in pool.take(5)] == [2, 3, 4, 1, 0]
