@@ -145,7 +145,8 @@ def run_benchmark(settings: GatewayBenchSettings, out_dir: Path,
     tables = [bench_report.overhead_table(overhead), bench_steps.steps_table(overhead["levels"]),
               bench_report.session_summary_table(session), bench_report.per_turn_table(session)]
     title = f"{settings.model}: {settings.turns}-turn agent session, max_output_tokens {settings.max_tokens}, greedy"
-    notes = bench_report.notes(overhead, machine["load_average"][0], load_at_end[0], machine["cpu_count"] or 1)
+    notes = bench_report.notes(overhead, machine["load_average"][0], load_at_end[0], machine["cpu_count"] or 1,
+                               settings.engine_in_process)
     files = write_report(out_dir, report, "agentserve gateway benchmark", tables,
                          bench_report.turn_chart(session, title), notes)
     return BenchResult(report, files, files.markdown.read_text())

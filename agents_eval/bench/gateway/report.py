@@ -91,14 +91,17 @@ def turn_chart(session: dict[str, Any], title: str) -> LineChart:
     return LineChart("turn_latency.png", title, "turn", "latency per turn (ms)", list(turns), series, integer_x=True)
 
 
-def notes(overhead: dict[str, Any], load_before: float, load_after: float, cpus: int) -> list[str]:
+def notes(overhead: dict[str, Any], load_before: float, load_after: float, cpus: int,
+          engine_in_process: bool = False) -> list[str]:
     p50 = {level["concurrency"]: level["p50"]["overhead_ms"] for level in overhead["levels"].values()}
     floor = overhead["client_floor"]
     goal = ", ".join(f"{ms:.2f} ms at concurrency {c}" for c, ms in p50.items())
     lines = [f"p50 gateway overhead (client-observed gateway minus engine): {goal}; goal <= {OVERHEAD_GOAL_MS} ms "
              "(LiteLLM's proxy publishes 2-12 ms p50).",
-             "Gateway (uvicorn thread: uvloop, httptools, no access log) and engine thread share one Python "
-             "process; the clients run in another (httpx, one AsyncClient per concurrent request; openai SDK). "
+             "Gateway (uvicorn thread: uvloop, httptools, no access log) in one Python process, "
+             + ("the engine on a thread of it (--engine-in-process); " if engine_in_process else
+                "the engine in a worker process of its own (pipes between them); ")
+             + "the clients run in another (httpx, one AsyncClient per concurrent request; openai SDK). "
              "The engine path runs on the gateway's own event loop; the two paths alternate wave by wave (a wave: "
              "`concurrency` requests) on the same engine, never at once. Admission control runs with a TTFT SLO "
              "too large to refuse anything.",
