@@ -3,6 +3,7 @@ leaves no work and no KV behind."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -14,6 +15,7 @@ from fastapi import FastAPI
 from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine
 from gateway.app import create_app
+from gateway.session_store import session_key
 from gateway.settings import GatewaySettings, LimitSettings
 from tests.conftest import free_port, wait_for
 from tests.gateway.conftest import running_gateway, serving
@@ -115,8 +117,24 @@ def test_an_internal_error_is_500_in_openai_shape() -> None:
     port = free_port()
     app = create_app(GatewaySettings(model="tiny", port=port), LLMEngine("tiny", EngineSettings(num_kv_blocks=64)))
     with serving(app, port) as url:
-        app.state.gateway.engine.shutdown()  # a real failure: the engine loop is gone
-        assert_error(post(url, {"model": "tiny", "messages": HI}), 500, type_="internal_error")
+        session = {"X-Session-Id": "damaged"}
+        assert httpx.post(f"{url}/v1/chat/completions", json={"model": "tiny", "messages": HI, "max_tokens": 2},
+                          headers=session).status_code == 200
+        store = app.state.gateway.sessions.store  # a real failure: the stored session is no longer one
+        asyncio.run(store.put(session_key("anonymous", "damaged"), b"not a session", 60.0))
+        follow_up = {"model": "tiny", "messages": [*HI, {"role": "assistant", "content": "x"}, *HI]}
+        response = httpx.post(f"{url}/v1/chat/completions", json=follow_up, headers=session)
+        assert_error(response, 500, type_="internal_error")
+
+
+def test_a_dead_engine_is_503_in_openai_shape() -> None:
+    port = free_port()
+    app = create_app(GatewaySettings(model="tiny", port=port), LLMEngine("tiny", EngineSettings(num_kv_blocks=64)))
+    with serving(app, port) as url:
+        app.state.gateway.engine.shutdown()  # the engine loop is gone
+        response = post(url, {"model": "tiny", "messages": HI})
+        assert_error(response, 503, type_="service_unavailable_error", code="engine_unavailable")
+        assert response.headers["retry-after"] == "5"
 
 
 @pytest.fixture(scope="module")
