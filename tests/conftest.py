@@ -102,20 +102,25 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield server.url
 
 
-OPENED_CLIENTS: list[openai.OpenAI] = []
+CLOSE_AFTER_TEST: list[Callable[[], object]] = []
 
 
-def openai_client(url: str, key: str = "unused") -> openai.OpenAI:
-    """An openai client of the gateway at `url` (no retries), closed when the test ends: one left open keeps its
-    keep-alive socket until the collector finds it, and the ResourceWarning then fails whichever test runs.
-    A module-scoped fixture opens its own with `with openai.OpenAI(...)`."""
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
-    OPENED_CLIENTS.append(client)
-    return client
+def close_after_test(close: Callable[[], object]) -> None:
+    """Call `close` when the running test ends: a socket left open until the collector finds it raises a
+    ResourceWarning in whichever test runs then, and warnings are errors."""
+    CLOSE_AFTER_TEST.append(close)
 
 
 @pytest.fixture(autouse=True)
-def close_openai_clients() -> Iterator[None]:
+def close_what_the_test_opened() -> Iterator[None]:
     yield
-    while OPENED_CLIENTS:
-        OPENED_CLIENTS.pop().close()
+    while CLOSE_AFTER_TEST:
+        CLOSE_AFTER_TEST.pop()()
+
+
+def openai_client(url: str, key: str = "unused") -> openai.OpenAI:
+    """An openai client of the gateway at `url` (no retries), closed when the test ends (its keep-alive socket).
+    A module-scoped fixture opens its own with `with openai.OpenAI(...)`."""
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+    close_after_test(client.close)
+    return client

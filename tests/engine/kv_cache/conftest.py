@@ -10,6 +10,7 @@ import pytest
 
 from agents_eval.bench.redis_server import RedisServer, running_redis
 from engine.llm_engine import LLMEngine
+from tests.conftest import close_after_test
 
 OwnRedis = RedisServer
 
@@ -19,19 +20,9 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
     with running_redis(tmp_path) as server:
         yield server
 
-OPENED: list[LLMEngine] = []
-
 
 def opened(engine: LLMEngine) -> LLMEngine:
     """Track `engine`: its stores' connections close when the test ends (without the flush of a shutdown)."""
-    OPENED.append(engine)
+    if engine.tiers is not None:
+        close_after_test(engine.tiers.close)
     return engine
-
-
-@pytest.fixture(autouse=True)
-def close_engine_stores() -> Iterator[None]:
-    yield
-    while OPENED:
-        engine = OPENED.pop()
-        if engine.tiers is not None:
-            engine.tiers.close()
