@@ -65,6 +65,8 @@ class Prefilled:
 
 
 class LLMEngine:
+    steps_when_idle = False  # nothing happens here between requests
+
     def __init__(self, model: str, settings: EngineSettings | None = None, slo: SloConfig | None = None) -> None:
         self.settings = settings = settings or EngineSettings()
         if settings.num_threads:
@@ -208,8 +210,6 @@ class LLMEngine:
     def kv_tier_stats(self) -> dict[str, Any] | None:
         """Per-tier counters of the KV hierarchy (engine.kv_cache.engine_tiers.TierHooks.stats); None: no tiers."""
         return self.tiers.stats() if self.tiers is not None else None
-
-    steps_when_idle = False  # nothing happens here between requests
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block; False (nothing done) while a request holds blocks."""

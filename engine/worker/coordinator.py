@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 
 
 class DisaggregatedEngine:
+    steps_when_idle = True  # idle workers still report (released pins, restarts, nodes joining)
+
     def __init__(self, model: str, settings: EngineSettings | None = None,
                  deployment: DeploymentSettings | None = None, capacity: CapacitySettings | None = None) -> None:
         """capacity None: no capacity controller (the roles stay as deployed; the colocated engine)."""
@@ -170,9 +172,10 @@ class DisaggregatedEngine:
             if worker.conn in ready and worker.alive:
                 outputs += self._drain(worker)
         self._check_liveness()
-        self._tend_pool(time.monotonic())
+        now = time.monotonic()
+        self._tend_pool(now)
         if self.capacity is not None:
-            self.capacity.tick(time.monotonic())
+            self.capacity.tick(now)
         return outputs
 
     def _tend_pool(self, now: float) -> None:
@@ -299,8 +302,6 @@ class DisaggregatedEngine:
             return total
         return replace(total, alerts=self.capacity.alerts.gauges(), role_moves=self.capacity.moves,
                        capacity_target=self.capacity.target(), last_move_at=self.capacity.last_move_at)
-
-    steps_when_idle = True  # idle workers still report (released pins, restarts, nodes joining)
 
     def worker_reports(self) -> list[WorkerReport]:
         return [WorkerReport(w.worker_id, self._role_name(w.role), w.node, w.stats) for w in self.workers if w.alive]

@@ -53,7 +53,7 @@ def run_worker(spec: WorkerSpec, conn: Connection) -> None:
     engine = LLMEngine(spec.model, spec.engine)
     transport = make_transport(spec.transport, TransportSettings(host=spec.kv_host) if spec.kv_host else None)
     worker = Worker(spec, engine, conn, transport)
-    addresses = {peer: worker.listen(peer) for peer in spec.peers}  # a ring has one sender: one per peer
+    addresses = {peer: worker.listen() for peer in spec.peers}
     conn.send(m.Ready(spec.worker_id, os.getpid(), spec.role, addresses, spec.node))
     try:
         worker.loop()
@@ -76,8 +76,8 @@ class Worker:
         self.last_report = 0.0
         self.unreported = False  # it stepped since its last Load report
 
-    def listen(self, peer_id: int) -> str:
-        """A KV receiver of its own for one sending peer; its address."""
+    def listen(self) -> str:
+        """A new KV receiver, for one sending peer (a ring has one sender); its address."""
         address, receiver = self.transport.listen()
         self.receivers.append(receiver)
         return address
@@ -141,7 +141,7 @@ class Worker:
         elif isinstance(command, m.ResetPrefixCache):
             self.conn.send(m.PrefixCacheReset(self.spec.worker_id, self.engine.reset_prefix_cache()))
         elif isinstance(command, m.Listen):
-            self.conn.send(m.Listening(self.spec.worker_id, command.peer_id, self.listen(command.peer_id)))
+            self.conn.send(m.Listening(self.spec.worker_id, command.peer_id, self.listen()))
 
     def _submit(self, command: m.Submit) -> None:
         prefill_only = command.decode_address is not None

@@ -26,6 +26,7 @@ UNBOUNDED_BLOCKS = 1 << 30  # the upstream owns the KV cache: no local block lim
 
 class TokenizerFront:
     capacity: UpstreamCapacity | None = None  # set by UpstreamEngine over vLLM kv_both instances
+    steps_when_idle = False
 
     def __init__(self, model: str) -> None:
         source = resolve_model(model)
@@ -62,8 +63,6 @@ class TokenizerFront:
 
     def stats(self) -> EngineStats:
         return EngineStats() if self.capacity is None else self.capacity.stats()
-
-    steps_when_idle = False
 
     def worker_reports(self) -> list[WorkerReport]:
         return []  # the upstreams report their own load
