@@ -15,12 +15,13 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from fastapi import APIRouter, Depends, Header, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from engine.sampling import TokenLogprob
-from gateway.access import request_principal
+from gateway.access import admit_principal
 from gateway.auth import Principal
+from gateway.bodies import body_openapi, parse_body
 from gateway.content_log import log_turn
 from gateway.errors import APIError
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, observation_rule, output_budget
@@ -42,6 +43,7 @@ from trajectory import step_timer
 
 router = APIRouter()
 Event = tuple[int, Any]
+SESSION_HEADER = "x-session-id"
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # text completions without max_tokens, as OpenAI and vLLM default it
 
 
@@ -56,14 +58,15 @@ def check_model(gw: GatewayState, model: str) -> None:
                        "not_found_error", "model", "model_not_found")
 
 
-@router.post("/v1/chat/completions", response_model=None)
-async def chat_completions(body: ChatCompletionRequest, request: Request,
-                           x_session_id: str | None = Header(default=None),
-                           principal: Principal = Depends(request_principal)) -> Response:
-    step_timer.leave("parse")
+@router.post("/v1/chat/completions", response_model=None,
+             openapi_extra=body_openapi(ChatCompletionRequest, (SESSION_HEADER,)))
+async def chat_completions(request: Request) -> Response:
     gw = gateway_state(request)
+    principal = await admit_principal(gw, request.headers.get("authorization"))
+    body = await parse_body(request, ChatCompletionRequest)
+    step_timer.leave("parse")
     check_model(gw, body.model)
-    session_id = x_session_id or (body.metadata or {}).get("session_id")
+    session_id = request.headers.get(SESSION_HEADER) or (body.metadata or {}).get("session_id")
     observation_rule(body.metadata)
     writer = ChatStreamWriter(gw.model_name, bool(body.tools), body.n, gw.tokenizer.decode,
                               None if body.parallel_tool_calls else 1, body.stream)
@@ -113,10 +116,11 @@ def _max_tokens_param(body: ChatCompletionRequest) -> str:
     return "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
 
 
-@router.post("/v1/completions", response_model=None)
-async def completions(body: CompletionRequest, request: Request,
-                      principal: Principal = Depends(request_principal)) -> Response:
+@router.post("/v1/completions", response_model=None, openapi_extra=body_openapi(CompletionRequest))
+async def completions(request: Request) -> Response:
     gw = gateway_state(request)
+    principal = await admit_principal(gw, request.headers.get("authorization"))
+    body = await parse_body(request, CompletionRequest)
     check_model(gw, body.model)
     prompt = _completion_prompt(body.prompt)
     token_ids = gw.engine.engine.tokenize(prompt)

@@ -9,6 +9,8 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from gateway.bodies import body_components
+
 ERROR_SCHEMA = "ErrorResponse"
 ERROR_REF = {"$ref": f"#/components/schemas/{ERROR_SCHEMA}"}
 ERROR_BODY = {
@@ -51,7 +53,9 @@ def declare_errors(app: FastAPI) -> None:
 
 
 def complete(document: dict[str, Any]) -> dict[str, Any]:
-    document.setdefault("components", {}).setdefault("schemas", {})[ERROR_SCHEMA] = ERROR_BODY
+    schemas = document.setdefault("components", {}).setdefault("schemas", {})
+    schemas.update(body_components())  # the bodies the hot routes validate themselves (gateway.bodies)
+    schemas[ERROR_SCHEMA] = ERROR_BODY
     for path, operations in document.get("paths", {}).items():
         for method, operation in operations.items():
             label = f"{method.upper()} {path}"
@@ -65,7 +69,6 @@ def complete(document: dict[str, Any]) -> dict[str, Any]:
             for status in PLAIN_TEXT.get(label, ()):
                 responses[str(status)] = {"description": "plain text" if status == 200 else "draining",
                                           "content": {"text/plain": {"schema": {"type": "string"}}}}
-    schemas = document["components"]["schemas"]
     if not any("HTTPValidationError" in str(op) for ops in document["paths"].values() for op in ops.values()):
         schemas.pop("HTTPValidationError", None)
         schemas.pop("ValidationError", None)

@@ -21,8 +21,9 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
 
 from engine.sampling import SamplingParams
-from gateway.access import request_principal
+from gateway.access import admit_principal, request_principal
 from gateway.auth import Principal
+from gateway.bodies import body_openapi, parse_body
 from gateway.chat import check_model, gateway_state
 from gateway.content_log import log_turn
 from gateway.errors import APIError
@@ -171,10 +172,11 @@ async def _remember(gw: GatewayState, turn: SessionTurn, key: StoreKey, target: 
     await gw.sessions.store.put(response_key(target.principal, response_id), dumps(record), gw.sessions.ttl_s)
 
 
-@router.post("/v1/responses", response_model=None)
-async def create_response(body: ResponseCreateRequest, request: Request,
-                          principal: Principal = Depends(request_principal)) -> Response:
+@router.post("/v1/responses", response_model=None, openapi_extra=body_openapi(ResponseCreateRequest))
+async def create_response(request: Request) -> Response:
     gw = gateway_state(request)
+    principal = await admit_principal(gw, request.headers.get("authorization"))
+    body = await parse_body(request, ResponseCreateRequest)
     if body.model is not None:
         check_model(gw, body.model)
     new_session = f"resp_session_{uuid.uuid4().hex}" if body.store else None

@@ -2,7 +2,7 @@
 mode saves an agent session against chat completions that resend the whole history.
 
 1. Overhead (`gateway_bench_overhead`): the same short greedy chat requests through the gateway's engine
-   alone and through the gateway over HTTP (httpx), at each concurrency level; p50/p99 and their gap.
+   alone and through the gateway over HTTP (aiohttp), at each concurrency level; p50/p99 and their gap.
 2. Session (`gateway_bench_session`): a multi-turn agent session over `client.responses.connect()` with
    `previous_response_id`, and the same session over HTTP chat completions without a session id.
 
@@ -118,8 +118,10 @@ def _measure(settings: GatewayBenchSettings, gw: RunningGateway, pairs: SessionP
 def run_benchmark(settings: GatewayBenchSettings, out_dir: Path,
                   engine_settings: EngineSettings | None = None) -> BenchResult:
     settings.validate()
-    if importlib.util.find_spec("openai") is None:
-        raise ValueError("the session benchmark needs the openai SDK (pip install 'agentserve[dev]')")
+    missing = [name for name in ("openai", "aiohttp") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ValueError(f"the gateway benchmark's client needs {' and '.join(missing)} "
+                         "(pip install 'agentserve[dev]')")
     start = time.perf_counter()
     engine_settings = engine_settings or EngineSettings()
     if settings.num_threads:

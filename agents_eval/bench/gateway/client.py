@@ -2,9 +2,13 @@
 the gateway for the GIL: `python -m agents_eval.bench.gateway.client URL`, one JSON command per stdin
 line, one JSON answer per stdout line. It keeps one event loop (uvloop) and its connections across commands.
 
-Commands (`op`): `chat` (httpx; posts bodies in a closed loop at a concurrency, each tagged `x-bench-id`),
-`floor` (`GET /health` one at a time), `session` (one agent session over the Responses WebSocket with the
-openai SDK, or over chat completions with httpx), `stop`. `ClientProcess` is the parent's handle on it.
+Commands (`op`): `chat` (posts bodies in a closed loop at a concurrency, each tagged `x-bench-id`), `floor`
+(`GET /health` one at a time), `session` (one agent session over the Responses WebSocket with the openai SDK,
+or over chat completions), `stop`. `ClientProcess` is the parent's handle on it.
+
+HTTP goes through aiohttp, as vLLM's serving benchmark does, not httpx: the same `GET /health` round trip
+took 1.1-1.4 ms with httpx and 0.44-0.47 ms with aiohttp here, and whatever the client spends is counted
+in the gateway's overhead (the engine path has no client), at concurrency 64 on the gateway's cores too.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import httpx
+import aiohttp
 
 WS, CHAT = "responses_ws", "chat_http"
 TERMINAL = ("response.completed", "response.incomplete", "response.failed", "error")
@@ -41,53 +45,51 @@ async def closed_loop(count: int, concurrency: int, one: Callable[[int], Awaitab
 
 
 class Client:
-    """One httpx client per concurrent request, each with its own keep-alive connection: one client's shared
-    pool serializes a burst (64 requests at once reached the gateway spread over more than a second)."""
+    """One aiohttp session with a connection per concurrent request, kept alive across commands."""
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.pool: list[httpx.AsyncClient] = []
+        self._http: aiohttp.ClientSession | None = None
 
-    def clients(self, count: int) -> list[httpx.AsyncClient]:
-        while len(self.pool) < count:
-            self.pool.append(httpx.AsyncClient(base_url=self.url, timeout=120.0))
-        return self.pool[:count]
+    @property
+    def http(self) -> aiohttp.ClientSession:
+        if self._http is None:  # inside the running loop, as aiohttp wants
+            connector = aiohttp.TCPConnector(limit=0, force_close=False)
+            self._http = aiohttp.ClientSession(self.url, connector=connector,
+                                               timeout=aiohttp.ClientTimeout(total=120.0))
+        return self._http
 
     async def chat(self, requests: list[Result], concurrency: int) -> Result:
-        idle = self.clients(min(concurrency, len(requests)))
-
         async def one(index: int) -> Result:
-            request, http = requests[index], idle.pop()
+            request = requests[index]
             headers = {"content-type": "application/json", "x-bench-id": request["id"]}
-            try:
-                start = time.perf_counter()
-                response = await http.post("/v1/chat/completions", content=request["body"], headers=headers)
-                elapsed = time.perf_counter() - start
-            finally:
-                idle.append(http)
+            start = time.perf_counter()
+            async with self.http.post("/v1/chat/completions", data=request["body"], headers=headers) as response:
+                body = await response.read()
+            elapsed = time.perf_counter() - start
             response.raise_for_status()
-            return {"id": request["id"], "latency_s": elapsed, "usage": response.json()["usage"]}
+            return {"id": request["id"], "latency_s": elapsed, "usage": json.loads(body)["usage"]}
 
         return {"results": await closed_loop(len(requests), concurrency, one)}
 
     async def floor(self, count: int) -> Result:
-        [http] = self.clients(1)
         seconds = []
         for _ in range(count):
             start = time.perf_counter()
-            response = await http.get("/health")
+            async with self.http.get("/health") as response:
+                await response.read()
             seconds.append(time.perf_counter() - start)
             response.raise_for_status()
         return {"latency_s": seconds}
 
     async def close(self) -> None:
-        for http in self.pool:
-            await http.aclose()
+        if self._http is not None:
+            await self._http.close()
 
     async def session(self, mode: str, model: str, system: str, observations: list[str], max_tokens: int) -> Result:
         turns: Result = {"latency_s": [], "prompt_tokens": [], "cached_tokens": [], "output_tokens": []}
         if mode == CHAT:
-            await chat_session(self.clients(1)[0], model, system, observations, max_tokens, turns)
+            await chat_session(self.http, model, system, observations, max_tokens, turns)
             return turns
         import openai
 
@@ -129,17 +131,18 @@ async def _terminal_response(connection: Any, turn: int) -> Any:
     raise RuntimeError(f"the WebSocket closed during turn {turn}")
 
 
-async def chat_session(http: httpx.AsyncClient, model: str, system: str, observations: list[str], max_tokens: int,
-                       turns: Result) -> None:
-    """The whole history each turn and no session id: every request is its own throwaway session. httpx, not
-    the openai SDK, whose request building grows with the history (about 10 ms more at 40 messages)."""
+async def chat_session(http: aiohttp.ClientSession, model: str, system: str, observations: list[str],
+                       max_tokens: int, turns: Result) -> None:
+    """The whole history each turn and no session id: every request is its own throwaway session. Plain HTTP,
+    not the openai SDK, whose request building grows with the history (about 10 ms more at 40 messages)."""
     history = [{"role": "system", "content": system}]
     for text in observations:
         history.append({"role": "user", "content": text})
         body = {"model": model, "messages": history, "max_tokens": max_tokens, "temperature": 0}
         start = time.perf_counter()
-        response = await http.post("/v1/chat/completions", json=body)
-        completion = response.raise_for_status().json()
+        async with http.post("/v1/chat/completions", json=body) as response:
+            response.raise_for_status()
+            completion = await response.json()
         elapsed = time.perf_counter() - start
         usage = completion["usage"]
         _add_turn(turns, elapsed, usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"],

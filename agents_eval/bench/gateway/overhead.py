@@ -1,5 +1,5 @@
 """Gateway overhead: the same short greedy chat requests straight through the gateway's own `AsyncLLMEngine`
-(the engine's time per request: submit to last output) and through the gateway over HTTP (httpx, from the
+(the engine's time per request: submit to last output) and through the gateway over HTTP (aiohttp, from the
 client process).
 
 The engine path runs on the gateway's own event loop (uvicorn's thread), so the two paths differ only by the
@@ -160,7 +160,7 @@ def summarize(runs: dict[str, PathSamples], concurrency: int) -> dict[str, Any]:
 
 
 def client_floor(client: ClientProcess, count: int) -> dict[str, float]:
-    """`GET /health` one at a time: what httpx, loopback and uvicorn cost with next to no app behind them."""
+    """`GET /health` one at a time: what the client, loopback and uvicorn cost with next to no app behind them."""
     seconds = client.call(op="floor", count=count)["latency_s"]
     return {"requests": count, "p50_ms": percentile_ms(seconds, 50), "p99_ms": percentile_ms(seconds, 99)}
 

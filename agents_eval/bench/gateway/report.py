@@ -101,18 +101,18 @@ def notes(overhead: dict[str, Any], load_before: float, load_after: float, cpus:
              "Gateway (uvicorn thread: uvloop, httptools, no access log) in one Python process, "
              + ("the engine on a thread of it (--engine-in-process); " if engine_in_process else
                 "the engine in a worker process of its own (pipes between them); ")
-             + "the clients run in another (httpx, one AsyncClient per concurrent request; openai SDK). "
+             + "the clients run in another (aiohttp, a kept-alive connection per concurrent request; openai SDK). "
              "The engine path runs on the gateway's own event loop; the two paths alternate wave by wave (a wave: "
              "`concurrency` requests) on the same engine, never at once. Admission control runs with a TTFT SLO "
              "too large to refuse anything.",
              "Overhead is a difference of quantiles of the two paths; 'paired' is the median over requests of each "
              "request's gateway time minus its engine time in the same wave; 'client + socket' is per request the "
-             "client-observed time minus the time inside the app (httpx, loopback, uvicorn's HTTP parsing). "
+             "client-observed time minus the time inside the app (aiohttp, loopback, uvicorn's HTTP parsing). "
              f"Client floor: `GET /health` one at a time takes {floor['p50_ms']:.2f} ms p50, "
-             f"{floor['p99_ms']:.2f} ms p99 with the same httpx client.",
+             f"{floor['p99_ms']:.2f} ms p99 with the same aiohttp client.",
              "Agent session: turns back to back (no tool gap); each WebSocket session's connection is opened "
              "before its first turn is timed. Clients: the openai SDK's `responses.connect()` for the WebSocket "
-             "(it parses every stream event into models), httpx for chat (the SDK's request building grows with "
+             "(it parses every stream event into models), aiohttp for chat (the SDK's request building grows with "
              "the resent history), both on uvloop in the client process."]
     if max(load_before, load_after) > 0.5 * cpus:
         lines.append(f"The machine was busy (load average {load_before:.1f} before, {load_after:.1f} after, "

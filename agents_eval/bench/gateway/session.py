@@ -4,7 +4,7 @@ whole history each turn without a session id (only block-level prefix caching he
 
 Each turn appends one tool-observation-like user message and asks for `max_output_tokens` greedy tokens.
 Every session's system prompt carries its own nonce, so no session reuses another's cached blocks: turn 1
-starts cold in both modes. The client process runs the sessions (the openai SDK over the WebSocket, httpx
+starts cold in both modes. The client process runs the sessions (the openai SDK over the WebSocket, aiohttp
 for chat); latency is client-observed, send to the reply (the WebSocket's terminal event).
 """
 
