@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.kv_wire import KVBlock
 from engine.llm_engine import LLMEngine
 from engine.mask import MaskedSpan
 from engine.sampling import SamplingParams
@@ -52,27 +53,30 @@ def release(engine: LLMEngine, request_id: str) -> None:
         engine.kv.release(prefilled.blocks)
 
 
-def accept_handoff(engine: LLMEngine, handoff: Handoff, kv_layers: list[torch.Tensor] | None) -> bool:
-    """Continue a prefilled request here. With its KV (one tensor per layer) decoding starts at once;
+def accept_handoff(engine: LLMEngine, handoff: Handoff, kv_frames: list[list[KVBlock]] | None) -> bool:
+    """Continue a prefilled request here. With its KV (per layer, frames covering its tokens in order, each
+    copied once into this engine's blocks, straight from the sender's memory when it came by reference)
+    decoding starts at once;
     without it, or without room for it, the KV is recomputed from the token ids. Returns whether the
     received KV was used."""
     seq = Sequence(handoff.request_id, list(handoff.prompt_token_ids), handoff.params,
                    output_token_ids=[handoff.first_token], num_cached_tokens=handoff.num_cached_tokens,
                    masked_spans=handoff.masked_spans, session=handoff.session)
     state = _bytes_tensor(handoff.sampler_state)
-    used = kv_layers is not None and _load_kv(engine, seq, kv_layers)
+    used = kv_frames is not None and _load_kv(engine, seq, kv_frames)
     engine.outputs.resume(seq)
     engine.admit(seq, state, running=used)
     return used
 
 
-def _load_kv(engine: LLMEngine, seq: Sequence, kv_layers: list[torch.Tensor]) -> bool:
+def _load_kv(engine: LLMEngine, seq: Sequence, kv_frames: list[list[KVBlock]]) -> bool:
     num_tokens = seq.num_prompt_tokens
     if engine.kv.allocate_slots(seq.request_id, seq.all_token_ids, 0, num_tokens) is None:
         return False
     block_ids = engine.kv.block_ids(seq.request_id)
-    for layer, kv in enumerate(kv_layers):
-        engine.runner.write_kv(layer, block_ids, 0, kv)
+    for layer, frames in enumerate(kv_frames):
+        for frame in frames:
+            engine.runner.write_kv(layer, block_ids, frame.token_start, frame.tensor)
     seq.num_computed_tokens = num_tokens
     return True
 

@@ -15,6 +15,8 @@ from engine.sampling import Sampler, TokenLogprob, token_logprob
 from engine.scheduler import ScheduledBatch
 from engine.sequence import Sequence
 
+KVAllocator = Callable[[list[tuple[tuple[int, ...], torch.dtype]]], list[torch.Tensor] | None]
+
 
 @dataclass
 class StepResult:
@@ -42,6 +44,19 @@ class ModelRunner:
             new_kv_cache(num_blocks * block_size, config.num_key_value_heads, config.head_dim, dtype, device)
             for _ in range(config.num_hidden_layers)
         ]
+
+    def place_kv_caches(self, allocate: KVAllocator) -> bool:
+        """Move the KV cache, contents kept, into tensors from `allocate` (None: it stays where it is), e.g. a
+        transport's registered shared memory, from which a transfer's receiver copies straight; host only."""
+        if self.device.type != "cpu":
+            return False
+        caches = allocate([(tuple(cache.shape), cache.dtype) for cache in self.kv_caches])
+        if caches is None:
+            return False
+        for new, old in zip(caches, self.kv_caches, strict=True):
+            new.copy_(old)
+        self.kv_caches = caches
+        return True
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch, block_tables: list[list[int]],

@@ -167,15 +167,17 @@ def layer_runs(layer: int, kv: torch.Tensor, block_hashes: Sequence[int], block_
             for start in range(0, tokens, run_tokens) for end in (min(start + run_tokens, tokens),)]
 
 
-def coalesce(blocks: Iterable[KVBlock], max_payload_bytes: int) -> Iterator[KVBlock]:
+def coalesce(blocks: Iterable[KVBlock], max_payload_bytes: int, copy: bool = True) -> Iterator[KVBlock]:
     """Runs of consecutive blocks of one layer, each as one block of at most `max_payload_bytes` (a single
     block larger than that stays alone): their token ranges meet, their tensors differ only in dim 1, which
-    holds each range's tokens. A run of views of one tensor becomes a view of it; any other run is copied."""
+    holds each range's tokens. A run of views of one tensor becomes a view of it; any other run is copied,
+    or, with `copy` False, not joined (blocks sent by reference must stay views of the sender's memory)."""
     run: list[KVBlock] = []
     nbytes = 0
     for block in blocks:
         size = block.tensor.nbytes
-        if run and (nbytes + size > max_payload_bytes or not _continues(run[-1], block)):
+        if run and (nbytes + size > max_payload_bytes or not _continues(run[-1], block)
+                    or not (copy or _adjacent_view([run[-1], block]) is not None)):
             yield _joined(run)
             run, nbytes = [], 0
         run.append(block)

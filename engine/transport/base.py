@@ -6,17 +6,24 @@ Blocks as `engine.kv_wire` frames; `send_many` joins a layer's consecutive block
 `counters`, and raises the `KVWireError` of a rejected one, which the decode side answers by recomputing
 that KV. `recv` returns a block that owns its memory; `recv_borrowed` may hand out a view into the
 transport's own buffer (zero copy), valid until it is released; `recv_into` copies the payload straight
-into a tensor the caller names for the frame (its KV blocks), checksumming as it copies.
+into a tensor the caller names for the frame (its KV blocks), checksumming as it copies; `recv_held` hands
+out blocks the caller may keep, many at once, until it releases each.
+
+Sending by reference (shm only, `engine.transport.shm_pull`): a transport that can register memory hands
+out tensors there (`shared_tensors`); a block viewing them travels as a small descriptor and the receiver
+copies it once, straight from the sender's memory. Such a block's memory must stay untouched until the
+receiver releases it: `send_many`'s `on_released` says when (at once for every other transport, whose send
+copies the bytes), as the sender `poll`s.
 """
 
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Self
+from typing import Self, TypeVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -35,6 +42,7 @@ from engine.kv_wire import (
 )
 
 Buffer = bytes | bytearray | memoryview
+Decoded = TypeVar("Decoded")
 Placement = Callable[[FrameHeader], torch.Tensor]  # a checked header -> the tensor its payload goes into
 
 
@@ -99,10 +107,22 @@ class KVSender(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
-    def send_many(self, blocks: Iterable[KVBlock]) -> None:
-        """Send the blocks in order, a layer's consecutive ones joined into one frame (`kv_wire.coalesce`)."""
+    def send_many(self, blocks: Iterable[KVBlock], on_released: Callable[[], None] | None = None) -> None:
+        """Send the blocks in order, a layer's consecutive ones joined into one frame (`kv_wire.coalesce`);
+        `on_released` is called once the receiver no longer reads the blocks' memory (here: at once)."""
         for block in coalesce(blocks, self.coalesce_bytes):
             self.send(block)
+        if on_released is not None:
+            on_released()
+
+    def poll(self) -> int:
+        """Call the `on_released` of blocks the receiver is done with; returns how many sends by reference
+        it may still read."""
+        return 0
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until the receiver reads none of this sender's memory (False: not within timeout_s)."""
+        return poll_until(lambda: self.poll() == 0, time.monotonic() + timeout_s, 0.0005)
 
     def __enter__(self) -> Self:
         return self
@@ -128,6 +148,13 @@ class KVReceiver(ABC):
         block = self.recv(timeout_s)
         return None if block is None else BorrowedBlock(block, _no_release)
 
+    def recv_held(self, timeout_s: float) -> BorrowedBlock | None:
+        """The next block, to keep as long as the caller needs, many at once, then release: a view of the
+        sender's memory where the block was sent by reference (release lets the sender reuse it), else a
+        block owning its memory (release does nothing)."""
+        block = self.recv(timeout_s)
+        return None if block is None else BorrowedBlock(block, _no_release)
+
     def recv_into(self, place: Placement, timeout_s: float) -> KVBlock | None:
         """The next block, its payload copied into `place(header)` (the header's shape and dtype, a strided view
         of the receiver's blocks included); None on timeout. A frame rejected after its payload started landing
@@ -147,7 +174,7 @@ class KVReceiver(ABC):
             dest.copy_(block.tensor)
         return KVBlock(block.layer, block.token_start, block.token_end, block.block_hash, dest)
 
-    def _counted(self, decode: Callable[[], KVBlock]) -> KVBlock:
+    def _counted(self, decode: Callable[[], Decoded]) -> Decoded:
         try:
             block = decode()
         except KVWireError as error:
@@ -190,6 +217,14 @@ class Transport(ABC):
 
     @abstractmethod
     def connect(self, address: str) -> KVSender: ...
+
+    def shared_tensors(self, specs: Sequence[tuple[tuple[int, ...], torch.dtype]]) -> list[torch.Tensor] | None:
+        """Zeroed tensors of these shapes and dtypes in memory registered with this transport, whose views its
+        senders send by reference (one copy, by the receiver); None where the transport cannot."""
+        return None
+
+    def close(self) -> None:  # noqa: B027 (most transports register nothing)
+        """Give back what the transport registered (its receivers and senders close on their own)."""
 
 
 def split_address(address: str, scheme: str) -> str:

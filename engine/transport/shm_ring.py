@@ -8,10 +8,13 @@ Segment layout:
        128      8  sender state     u64: 0 none yet, 1 connected, 2 closed
        136      8  receiver state   u64: 0 open, 1 closed
        144      8  capacity         u64, bytes of the data area (a multiple of 64)
-       256      -  data area
+       256  32768  ack table        ACK_SLOTS u64: slot s % ACK_SLOTS holds s + 1 once the receiver is done
+                                    with pull s (the sender's memory it named may be reused)
+     33024      -  data area
 
 The data area holds records at 64-byte aligned offsets: a 64-byte record header (u64 kind: 1 frame,
-2 wrap; u64 frame length), then the frame padded to 64 bytes. A record never straddles the end: the
+2 wrap, 3 pull: a descriptor of registered sender memory, see `engine.transport.shm_pull`; u64 frame
+length), then the frame padded to 64 bytes. A record never straddles the end: the
 sender fills the tail with a wrap record and starts over at offset 0. Positions are aligned 8-byte
 stores made after the bytes they publish (x86-64 keeps stores in order; weaker CPUs would need a fence).
 """
@@ -31,10 +34,11 @@ import numpy.typing as npt
 
 from engine.kv_wire import padded
 
-CONTROL_BYTES = 256
+ACK_SLOTS = 4096  # the most pulls a sender keeps unacknowledged at once
+CONTROL_BYTES = 256 + 8 * ACK_SLOTS
 RECORD_HEADER = struct.Struct("=QQ")
 RECORD_HEADER_BYTES = 64
-FRAME_RECORD, WRAP_RECORD = 1, 2
+FRAME_RECORD, WRAP_RECORD, PULL_RECORD = 1, 2, 3
 NO_SENDER, SENDER_CONNECTED, SENDER_CLOSED = 0, 1, 2
 WRITE_POS, READ_POS, SENDER_STATE, RECEIVER_CLOSED, CAPACITY = 0, 8, 16, 17, 18  # u64 indices
 
@@ -48,6 +52,7 @@ class Ring:
 
     def __init__(self, buf: memoryview) -> None:
         self.control: npt.NDArray[np.uint64] = np.frombuffer(buf, dtype=np.uint64, count=CONTROL_BYTES // 8)
+        self.acks = self.control[256 // 8:]
         self.capacity = int(self.control[CAPACITY])
         self.data = buf[CONTROL_BYTES:CONTROL_BYTES + self.capacity]
 
@@ -60,9 +65,15 @@ class Ring:
     def used(self) -> int:
         return self.get(WRITE_POS) - self.get(READ_POS)
 
+    def ack(self, sequence: int) -> None:
+        self.acks[sequence % ACK_SLOTS] = sequence + 1
+
+    def acked(self, sequence: int) -> bool:
+        return int(self.acks[sequence % ACK_SLOTS]) == sequence + 1
+
     def detach(self) -> None:
         self.data.release()
-        del self.control
+        del self.control, self.acks
 
 
 class AttachedSegment:

@@ -122,7 +122,7 @@ class TcpSender(KVSender):
     def send(self, block: KVBlock) -> None:
         self._send_parts(encode(block, self._settings.checksum).parts)
 
-    def send_many(self, blocks: Iterable[KVBlock]) -> None:
+    def send_many(self, blocks: Iterable[KVBlock], on_released: Callable[[], None] | None = None) -> None:
         parts: list[Buffer] = []
         for block in coalesce(blocks, self.coalesce_bytes):
             parts += encode(block, self._settings.checksum).parts
@@ -130,6 +130,8 @@ class TcpSender(KVSender):
                 self._send_parts(parts)
                 parts = []
         self._send_parts(parts)
+        if on_released is not None:
+            on_released()
 
     def send_frame(self, frame: Buffer) -> None:
         self._send_parts([frame])

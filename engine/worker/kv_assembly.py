@@ -3,12 +3,17 @@ matched to requests by chained hashes. A frame holds one layer's K and V for a r
 and carries its last block's hash, which names the whole run; once every layer of a request is covered
 from token 0 to its end, each layer's frames make one [2, tokens, kv_heads, head_dim] tensor (the frame's
 own when one covers it all). A request whose frames do not all arrive in time, or that was waiting when
-a corrupt frame arrived, is recomputed from its token ids."""
+a corrupt frame arrived, is recomputed from its token ids.
+
+A frame may view the sender's memory (sent by reference over shm): it is held, unread, until its request
+is assembled, and the caller copies it once into its own blocks (`frames`) and then calls `release`,
+which lets the sender reuse that memory; a frame nobody claims is released when it is dropped."""
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -19,6 +24,11 @@ from engine.worker.kv_stream import wire_hashes
 from engine.worker.messages import KVCounters
 
 FrameKey = tuple[int, int]  # (hash of the frame's last block, layer)
+Release = Callable[[], None]
+
+
+def _nothing() -> None:
+    return None
 
 
 @dataclass
@@ -32,8 +42,17 @@ class _Pending:
 @dataclass
 class Assembled:
     handoff: Handoff
-    kv_layers: list[torch.Tensor] | None  # None: recompute
+    frames: list[list[KVBlock]] | None  # per layer, frames covering its tokens in order; None: recompute
     outcome: str  # received | rejected | timed_out
+    release: Release = _nothing  # call once the frames are copied: their senders may reuse the memory
+
+    @property
+    def kv_layers(self) -> list[torch.Tensor] | None:
+        """One [2, tokens, kv_heads, head_dim] tensor per layer (a copy where a layer took several frames)."""
+        if self.frames is None:
+            return None
+        return [layer[0].tensor if len(layer) == 1 else torch.cat([f.tensor for f in layer], dim=1)
+                for layer in self.frames]
 
 
 @dataclass
@@ -42,7 +61,7 @@ class KVAssembler:
     block_size: int
     timeout_s: float
     counters: KVCounters = field(default_factory=KVCounters)
-    _frames: dict[FrameKey, list[tuple[KVBlock, float]]] = field(default_factory=lambda: defaultdict(list))
+    _frames: dict[FrameKey, list[tuple[KVBlock, float, Release]]] = field(default_factory=lambda: defaultdict(list))
     _pending: dict[str, _Pending] = field(default_factory=dict)
 
     def expect(self, handoff: Handoff, now: float | None = None) -> None:
@@ -50,8 +69,10 @@ class KVAssembler:
         start = time.monotonic() if now is None else now
         self._pending[handoff.request_id] = _Pending(handoff, hashes, start + self.timeout_s)
 
-    def add(self, frame: KVBlock, now: float | None = None) -> None:
-        self._frames[(frame.block_hash, frame.layer)].append((frame, time.monotonic() if now is None else now))
+    def add(self, frame: KVBlock, now: float | None = None, release: Release = _nothing) -> None:
+        """Keep a frame until its request is assembled; `release` is called when it is no longer read."""
+        self._frames[(frame.block_hash, frame.layer)].append((frame, time.monotonic() if now is None else now,
+                                                              release))
 
     def reject(self, reason: str) -> None:
         """A corrupt frame arrived: its request cannot be told, so every incomplete transfer is dropped."""
@@ -66,7 +87,8 @@ class KVAssembler:
         for request_id, pending in list(self._pending.items()):
             covers = None if pending.failed is not None else self._covers(pending)
             if covers is not None:
-                done.append(Assembled(pending.handoff, self._assemble(covers), "received"))
+                frames, release = self._assemble(covers)
+                done.append(Assembled(pending.handoff, frames, "received", release))
                 self.counters.received += 1
             elif pending.failed is not None or now >= pending.deadline:
                 done.append(Assembled(pending.handoff, None, pending.failed or "timed_out"))
@@ -105,23 +127,30 @@ class KVAssembler:
         for last in range(len(hashes) - 1, position // self.block_size - 1, -1):
             key = (hashes[last], layer)
             end = min((last + 1) * self.block_size, num_tokens)
-            for frame, _ in self._frames.get(key, ()):
+            for frame, _, _ in self._frames.get(key, ()):
                 if frame.token_start == position and frame.token_end == end:
                     return key, frame
         return None
 
-    def _assemble(self, covers: list[list[tuple[FrameKey, KVBlock]]]) -> list[torch.Tensor]:
-        layers = []
+    def _assemble(self, covers: list[list[tuple[FrameKey, KVBlock]]]) -> tuple[list[list[KVBlock]], Release]:
+        """The covering frames, taken out of the store, and one call releasing them all."""
+        releases: list[Release] = []
         for cover in covers:
             for key, frame in cover:
-                self._frames[key] = [(f, t) for f, t in self._frames[key] if f is not frame]
-            tensors = [frame.tensor for _, frame in cover]
-            layers.append(tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=1))
-        return layers
+                releases += [r for f, _, r in self._frames[key] if f is frame]
+                self._frames[key] = [entry for entry in self._frames[key] if entry[0] is not frame]
+
+        def release_all() -> None:
+            for release in releases:
+                release()
+
+        return [[frame for _, frame in cover] for cover in covers], release_all
 
     def _drop_stale(self, now: float) -> None:
         """Frames nobody claimed within the timeout (their hand-off went elsewhere or never came)."""
         for key in list(self._frames):
-            self._frames[key] = [(f, t) for f, t in self._frames[key] if now - t < 2 * self.timeout_s]
+            for _, _, release in (entry for entry in self._frames[key] if now - entry[1] >= 2 * self.timeout_s):
+                release()
+            self._frames[key] = [entry for entry in self._frames[key] if now - entry[1] < 2 * self.timeout_s]
             if not self._frames[key]:
                 del self._frames[key]

@@ -23,7 +23,7 @@ from engine.transport import make_transport
 from engine.transport.base import KVReceiver, Transport, TransportSettings
 from engine.worker import messages as m
 from engine.worker.kv_assembly import KVAssembler
-from engine.worker.kv_stream import LayerStreamer
+from engine.worker.kv_stream import LayerStreamer, TransferStats
 
 log = logging.getLogger(__name__)
 IDLE_POLL_S = 0.002
@@ -62,17 +62,20 @@ def run_worker(spec: WorkerSpec, conn: Connection) -> None:
         for receiver in worker.receivers:
             receiver.close()
         engine.shutdown()
+        transport.close()
 
 
 class Worker:
     def __init__(self, spec: WorkerSpec, engine: LLMEngine, conn: Connection, transport: Transport) -> None:
         self.spec, self.engine, self.conn, self.transport = spec, engine, conn, transport
         self.receivers: list[KVReceiver] = []
-        self.streamer = LayerStreamer(engine, transport.connect, spec.kv_fault)
+        by_reference = engine.runner.place_kv_caches(transport.shared_tensors)  # shm: its views go by reference
+        self.streamer = LayerStreamer(engine, transport.connect, spec.kv_fault, by_reference)
         self.role = spec.role
         self.assembler = KVAssembler(engine.config.num_hidden_layers, engine.settings.block_size, spec.kv_timeout_s)
         self.stopping = False
         self.handoff_sessions: dict[str, SessionRef] = {}  # prefill-only request -> session its decoder pins
+        self.releasing: dict[str, TransferStats] = {}  # sent requests whose blocks a receiver may still read
         self.last_report = 0.0
         self.unreported = False  # it stepped since its last Load report
 
@@ -97,6 +100,7 @@ class Worker:
             self.unreported = True  # the released blocks show in its next Load
         self._receive_kv()
         self._take_assembled()
+        self._release_transferred()
         if self.engine.has_unfinished():
             self._dispatch(self.engine.step(self.streamer.on_layer))
             self.unreported = True
@@ -156,7 +160,8 @@ class Worker:
     def _abort(self, request_id: str) -> None:
         self.handoff_sessions.pop(request_id, None)
         out = self.engine.abort(request_id)
-        release(self.engine, request_id)
+        self.streamer.targets.pop(request_id, None)
+        self._release_when_read(request_id, self.streamer.stats.pop(request_id, None))
         if out is not None:
             self.conn.send(m.Outputs([out]))
 
@@ -165,21 +170,36 @@ class Worker:
             self._drain_receiver(receiver)
 
     def _drain_receiver(self, receiver: KVReceiver) -> None:
+        """Frames sent by reference stay views of the sender's memory until their request is assembled."""
         while True:
             try:
-                block = receiver.recv(0.0)
+                held = receiver.recv_held(0.0)
             except KVWireError as error:
                 self.assembler.reject(type(error).__name__)
                 continue
-            if block is None:
+            if held is None:
                 return
-            self.assembler.add(block)
+            self.assembler.add(held.block, release=held.release)
 
     def _take_assembled(self) -> None:
         for done in self.assembler.ready():
-            used = accept_handoff(self.engine, done.handoff, done.kv_layers)
+            used = accept_handoff(self.engine, done.handoff, done.frames)
+            done.release()  # copied into this worker's blocks (or given up): the sender may reuse its own
             if not used:
                 self.assembler.counters.recomputed += 1
+
+    def _release_when_read(self, request_id: str, stats: TransferStats | None) -> None:
+        """Free a request's blocks now, or once no receiver reads them any more (`_release_transferred`)."""
+        if stats is None or stats.released():
+            release(self.engine, request_id)
+        else:
+            self.releasing[request_id] = stats
+
+    def _release_transferred(self) -> None:
+        for request_id, stats in list(self.releasing.items()):
+            if stats.released():
+                del self.releasing[request_id]
+                release(self.engine, request_id)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         regular = [out for out in outputs if out.finish_reason != "prefilled"]
@@ -193,6 +213,6 @@ class Worker:
         stats, exposed = self.streamer.finish(out.request_id)
         handoff = replace(take_handoff(self.engine, out.request_id),
                           session=self.handoff_sessions.pop(out.request_id, None))
-        release(self.engine, out.request_id)
+        self._release_when_read(out.request_id, stats)
         self.conn.send(m.Outputs([out]))
         self.conn.send(m.Prefilled(handoff, stats.bytes, stats.send_seconds, exposed))

@@ -6,6 +6,7 @@ import pytest
 
 from engine.config import EngineSettings
 from engine.handoff import accept_handoff, read_layer, release, take_handoff
+from engine.kv_wire import KVBlock
 from engine.llm_engine import Completion, LLMEngine
 from engine.sampling import SamplingParams
 
@@ -29,7 +30,9 @@ def disaggregated(prefill: LLMEngine, decode: LLMEngine, params: SamplingParams,
     for request_id in ids:
         assert results[request_id].finish_reason == "prefilled"
         handoff = take_handoff(prefill, request_id)
-        kv = [read_layer(prefill, request_id, layer, handoff.num_kv_tokens) for layer in range(layers)]
+        tokens = handoff.num_kv_tokens
+        kv = [[KVBlock(layer, 0, tokens, 0, read_layer(prefill, request_id, layer, tokens))]
+              for layer in range(layers)]  # each layer as one frame
         release(prefill, request_id)
         assert accept_handoff(decode, handoff, kv if send_kv else None) == send_kv
     while decode.has_unfinished():

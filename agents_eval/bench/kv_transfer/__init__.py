@@ -3,10 +3,12 @@
 One request's KV (default 16 layers x 2,048 tokens, 8 KV heads of 64, float16: 64 MiB) travels from a
 sender process to this process as blocks of `block_tokens` tokens (16: the engine's block; 256), which
 the transport joins into frames, and lands through `recv_into` in this process's own KV cache (the decode
-side's one copy), zeroed before each run and checked after every run. Baselines on the same bytes: each
-block pickled over a TCP socket (naive), one raw loopback `sendall` per layer into preallocated buffers
-(the socket's ceiling here), and `torch.Tensor.copy_` of each layer on one thread (memcpy). inproc's
-sender is a thread of this process. Writes `report.json`, `report.md` and `throughput.png`.
+side's one copy), zeroed before each run and checked after every run. Like the engine's prefill side, the
+sender keeps its KV in the transport's registered memory where it has one (shm: frames travel as
+descriptors and `recv_into` copies straight from the sender's memory, the run's only copy). Baselines on
+the same bytes: each block pickled over a TCP socket (naive), one raw loopback `sendall` per layer into
+preallocated buffers (the socket's ceiling here), and `torch.Tensor.copy_` of each layer on one thread
+(memcpy). inproc's sender is a thread of this process. Writes `report.json`, `report.md` and `throughput.png`.
 """
 
 from __future__ import annotations

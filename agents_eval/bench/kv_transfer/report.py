@@ -44,6 +44,8 @@ def notes(settings: KVBenchSettings, report: dict[str, Any]) -> list[str]:
     return [request_line(settings),
             "the sender hands each layer's blocks to the transport's send_many, which joins consecutive ones "
             "into frames (`frames` per request); the naive path pickles every block",
+            "shm sends blocks in the sender's registered memory by reference: the receiver copies them once, "
+            "straight from it, with no payload checksum (the bytes never leave this machine's memory)",
             f"payload checksum {report['checksum']['kind']}: {report['checksum']['gb_per_s']:.2f} GB/s on one "
             f"core, paid by sender and receiver; load average {machine['load_average'][0]:.1f} on "
             f"{machine['cpu_count']} cores at the start: compare ratios measured in one run, not runs"]
