@@ -39,6 +39,11 @@ def _settle(future: asyncio.Future[_T], result: _T | None, error: BaseException 
         future.set_result(result)  # type: ignore[arg-type]
 
 
+def _put_all(batch: list[tuple[asyncio.Queue[_T], _T]]) -> None:
+    for queue, item in batch:
+        queue.put_nowait(item)
+
+
 class EngineDeadError(RuntimeError):
     """The engine loop failed or was shut down while the request was running."""
 
@@ -169,8 +174,7 @@ class AsyncLLMEngine:
                 log.exception("engine step failed")
                 self._abort_all(EngineDeadError(f"engine step failed: {error}"))
                 continue
-            for out in outputs:
-                self._deliver(out.request_id, out)
+            self._deliver_step(outputs)
 
     def _run_commands(self) -> None:
         while True:
@@ -179,6 +183,21 @@ class AsyncLLMEngine:
             except Empty:
                 return
             command()
+
+    def _deliver_step(self, outputs: list[RequestOutput]) -> None:
+        """A step's outputs in one callback per event loop: each callback is a write to that loop's wake-up
+        pipe and a thread hand-off, which at 64 streams cost more than the outputs themselves."""
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[_Item], _Item]]] = {}
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is not None:
+                batches.setdefault(stream[0], []).append((stream[1], out))
+        for loop, batch in batches.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, batch)
+            except RuntimeError:  # the caller's event loop is closed: nobody is listening any more
+                for request_id in [rid for rid, (owner, _) in list(self._streams.items()) if owner is loop]:
+                    self._streams.pop(request_id, None)
 
     def _deliver(self, request_id: str, item: _Item) -> None:
         stream = self._streams.get(request_id)
