@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="cluster simulator: the project's policies on simulated nodes")
     p.add_argument("--out", type=Path, required=True, help="directory for report.json, report.md and plots")
     p.add_argument("--cluster", default="seed-agent", help="a cluster of configs/sim.yaml (single run)")
-    p.add_argument("--workload", default="swe", choices=["swe", "webarena"])
+    p.add_argument("--workload", default="swe", choices=["swe", "webarena", "sharegpt"])
     p.add_argument("--rate", type=float, default=1.0, help="sessions started per second (single run)")
     p.add_argument("--duration", type=float, default=90.0, help="seconds over which sessions start")
     p.add_argument("--warmup", type=float, default=30.0, help="requests arriving before this are not judged")
@@ -28,6 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     what = p.add_mutually_exclusive_group()
     what.add_argument("--table", action="store_true", help="the seed's table: three configurations at the SLO")
     what.add_argument("--placement", type=int, metavar="GPUS", help="DistServe's placement search on GPUS GPUs")
+    what.add_argument("--distserve", action="store_true",
+                      help="DistServe's chatbot setting (13B, A100s, ShareGPT lengths): goodput per GPU")
     what.add_argument("--scale", action="store_true", help="one simulated hour of the 48-node cluster (scale-48)")
     what.add_argument("--validate", action="store_true", help="predicted against measured real CPU runs")
     p.add_argument("--calibration", type=Path, help="calibration file of `agentserve profile` (--validate)")
@@ -54,6 +56,8 @@ def run(args: argparse.Namespace) -> None:
         data, tables = reports.table(args)
     elif args.placement:
         data, tables = reports.placement(args)
+    elif args.distserve:
+        data, tables = reports.distserve(args)
     elif args.scale:
         data, tables = reports.scale(args)
     else:

@@ -9,6 +9,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.config import CONFIGS_DIR
+from engine.slo import SloClass
 
 SIM_CONFIG = CONFIGS_DIR / "sim.yaml"
 Role = Literal["prefill", "decode", "colocated"]
@@ -63,6 +64,7 @@ class ClusterConfig(Strict):
     predictor: bool = False  # feed the controller the predictor's forecast
     calibration: str | None = None  # a calibration file: fitted step times instead of the roofline
     slo_class: str = "interactive"  # configs/slo.yaml class whose TTFT and TPOT the run is judged by
+    slo: SloClass | None = None  # targets to judge by instead of the class's (a paper's own SLOs)
 
 
 def load_sim_config(path: Path = SIM_CONFIG) -> dict[str, Any]:

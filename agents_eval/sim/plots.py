@@ -12,8 +12,9 @@ from matplotlib.figure import Figure
 from agents_eval.sim.experiments import ATTAINMENT_GOAL
 
 
-def attainment_plot(curves: Mapping[str, Sequence[tuple[float, float]]], path: Path) -> None:
-    """curves: configuration -> (requests/s, attainment) points."""
+def attainment_plot(curves: Mapping[str, Sequence[tuple[float, float]]], path: Path,
+                    xlabel: str = "load (requests/s)") -> None:
+    """curves: configuration -> (load, attainment) points."""
     figure = Figure(figsize=(8, 4.5), layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots()
@@ -21,7 +22,7 @@ def attainment_plot(curves: Mapping[str, Sequence[tuple[float, float]]], path: P
         ordered = sorted(points)
         axes.plot([x for x, _ in ordered], [y for _, y in ordered], marker="o", markersize=3, label=name)
     axes.axhline(ATTAINMENT_GOAL, color="grey", linestyle="--", linewidth=1, label="90% goal")
-    axes.set_xlabel("load (requests/s)")
+    axes.set_xlabel(xlabel)
     axes.set_ylabel("SLO attainment (TTFT and TPOT)")
     axes.set_ylim(0, 1.02)
     axes.grid(alpha=0.3)

@@ -95,7 +95,7 @@ def summarize(log: RunLog, config: ClusterConfig, price_per_hour: float, window:
     records = [r for r in log.requests if window.start_s <= r.arrival_s < window.end_s]
     if not records:
         raise ValueError("no request arrived in the run's window")
-    slo = load_slo_config().slo_class(config.slo_class)
+    slo = config.slo or load_slo_config().slo_class(config.slo_class)
     ttft = np.array([r.ttft_s for r in records])
     tpot = np.array([r.tpot_s for r in records])
     duration = window.length_s or max(max(r.last_token_s or r.arrival_s for r in records)

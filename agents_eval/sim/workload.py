@@ -1,7 +1,8 @@
 """Agent sessions as token counts: what the simulator replays. From a `Workload` of `agents_eval.workloads`,
 or drawn straight from one of its session shapes (swe, webarena) without the prompt text, which at a
 simulated hour's hundred thousand turns would cost more to write than to simulate. The draws follow
-`agents_eval.workloads.synthetic` (same seeds, same order), so a shape's sizes are the workload's."""
+`agents_eval.workloads.synthetic` (same seeds, same order), so a shape's sizes are the workload's. The sharegpt
+shape (`agents_eval.workloads.sharegpt`, DistServe's chatbot requests) exists only here, as sizes."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ import random
 from dataclasses import dataclass
 
 from agents_eval.workloads.arrivals import poisson_starts
+from agents_eval.workloads.sharegpt import ShareGptShape
 from agents_eval.workloads.swe import SweShape
 from agents_eval.workloads.swing import Swing
 from agents_eval.workloads.synthetic import SessionShape
 from agents_eval.workloads.types import APPEND, Workload
 from agents_eval.workloads.webarena import WebArenaShape
 
-SHAPES: dict[str, SessionShape] = {"swe": SweShape(), "webarena": WebArenaShape()}
+SHAPES: dict[str, SessionShape] = {"swe": SweShape(), "webarena": WebArenaShape(), "sharegpt": ShareGptShape()}
 
 
 @dataclass(frozen=True)
