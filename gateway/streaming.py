@@ -185,22 +185,31 @@ async def drain(events: AsyncIterator[object]) -> None:
         pass
 
 
-async def until_done_or_gone(work: Coroutine[Any, Any, None], request: Request, poll_s: float = 0.25) -> None:
+async def until_done_or_gone(work: Coroutine[Any, Any, None], request: Request) -> None:
     """Run a non-streaming request's work to its end, unless the client disconnects first: then the work is
-    cancelled (which aborts its engine request and frees the KV) and ClientGone raised."""
+    cancelled (which aborts its engine request and frees the KV) and ClientGone raised.
+
+    The disconnect is awaited, not polled: once the body is read, the server's next `receive` message is the
+    disconnect. (Starlette's `Request.is_disconnected` polled every 0.25 s cost a task repr per poll in
+    anyio's cancel scope: 5-9% of the event loop's time at 64 concurrent requests.)"""
     task = asyncio.create_task(work)
+    gone = asyncio.create_task(_disconnected(request))
     try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=poll_s)
-            if done:
-                return task.result()
-            if await request.is_disconnected():
-                raise ClientGone
+        done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        raise ClientGone
     finally:
+        gone.cancel()
         if not task.done():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def sse_response(events: AsyncIterator[tuple[int, list[Chunk]]], writer: ChatStreamWriter,
