@@ -11,11 +11,10 @@ from engine.sampling import SamplingParams, TokenLogprob
 from engine.worker.tracking import Tracked
 
 
-def _raw(**changes: object) -> RequestOutput:
-    base = RequestOutput(request_id="req-1#retry1", new_token_ids=[5, 6, 7], new_text="abc", finished=True,
-                         finish_reason="stop", num_prompt_tokens=11, num_cached_tokens=4,
-                         logits=[torch.ones(3)], logprobs=[TokenLogprob(5, -0.5, [])])
-    return dataclasses.replace(base, **changes)
+def _raw(finished: bool = True, finish_reason: str = "stop") -> RequestOutput:
+    return RequestOutput(request_id="req-1#retry1", new_token_ids=[5, 6, 7], new_text="abc", finished=finished,
+                         finish_reason=finish_reason, num_prompt_tokens=11, num_cached_tokens=4,
+                         logits=[torch.ones(3)], logprobs=[TokenLogprob(5, -0.5, ())])
 
 
 def test_relay_keeps_every_field_it_does_not_rewrite() -> None:
