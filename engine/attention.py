@@ -3,14 +3,16 @@
 KV cache of one layer: a tensor `[2, num_slots, num_kv_heads, head_dim]` (0 = keys, 1 = values), where
 slot = block_id * block_size + offset. A step's tokens are flattened, one span per sequence (a prefill
 chunk, or the single token of a decode). Each layer writes the step's new K/V into their slots, then each
-span attends over the slots of its sequence's whole context (cached prefix + new tokens), gathered
-without padding: on a CPU the gather is the cost of a decode step, so no slot is copied twice.
+span attends over the slots of its sequence's whole context (cached prefix + new tokens): read in place
+when those slots are consecutive (a sequence whose blocks follow each other), gathered without padding
+otherwise.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +30,15 @@ class QuerySpan:
     @property
     def context_len(self) -> int:
         return int(self.context_slots.numel())
+
+    @cached_property
+    def first_slot(self) -> int | None:
+        """The context's first slot when its slots are consecutive, so every layer reads its K/V in place;
+        None when they are not. Worked out once per step, not once per layer."""
+        slots = self.context_slots
+        if slots.numel() > 1 and not bool((slots.diff() == 1).all()):
+            return None
+        return int(slots[0])
 
     def to(self, device: torch.device) -> QuerySpan:
         mask = None if self.attn_mask is None else self.attn_mask.to(device)
@@ -90,7 +101,7 @@ def _attend_span(q: torch.Tensor, kv_cache: torch.Tensor, span: QuerySpan, scale
     kernels, so heads are grouped by hand: a lone query's group becomes its query rows (no copy), and a
     chunk's K/V are repeated per query head. Inputs are 4-D (batch 1): with 3-D ones torch takes its
     unfused math path, three times slower on a decode step."""
-    keys, values = kv_cache.index_select(1, span.context_slots).transpose(1, 2).unsqueeze(1)  # [1, KV, L, D] each
+    keys, values = _context_kv(kv_cache, span).transpose(1, 2).unsqueeze(1)  # [1, KV, L, D] each
     num_heads, num_kv_heads = q.shape[1], keys.shape[1]
     if span.query_len == 1:
         grouped = q.view(1, num_kv_heads, num_heads // num_kv_heads, q.shape[2])  # head h uses kv head h // group
@@ -102,3 +113,11 @@ def _attend_span(q: torch.Tensor, kv_cache: torch.Tensor, span: QuerySpan, scale
     out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys, values, attn_mask=span.attn_mask,
                                          is_causal=span.attn_mask is None, scale=scale)
     return out.squeeze(0).transpose(0, 1)
+
+
+def _context_kv(kv_cache: torch.Tensor, span: QuerySpan) -> torch.Tensor:
+    """[2, context_len, KV, D]: a view of the cache when the span's slots are consecutive, else a gathered copy."""
+    first = span.first_slot
+    if first is None:
+        return kv_cache.index_select(1, span.context_slots)
+    return kv_cache[:, first:first + span.context_len]

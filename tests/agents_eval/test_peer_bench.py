@@ -138,3 +138,17 @@ def test_sessions_are_seeded_real_text() -> None:
     assert first[0].user_message(0).startswith("TASK:") and first[0].user_message(1).startswith("OBSERVATION:")
     assert workload.prefill_prompt(0, 500) != workload.prefill_prompt(1, 500)
     assert len(workload.prefill_prompt(0, 2000)) > 3 * len(workload.prefill_prompt(0, 500))
+
+
+def test_engine_step_times_each_decode_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`python -m agents_eval.bench.peer.engine_step`: one wall time per decode step, the engine left idle."""
+    from agents_eval.bench.peer import engine_step
+
+    monkeypatch.setattr(engine_step.os, "environ", dict(engine_step.os.environ))  # engine_for sets the bench's env
+    engine = engine_step.engine_for(AGENTSERVE_FP32, "tiny", 1)
+    try:
+        times = engine_step.decode_steps_s(engine, context=20, tokens=5)
+        assert len(times) == 5 and all(t > 0 for t in times)
+        assert not engine.has_unfinished()
+    finally:
+        engine.shutdown()

@@ -1,5 +1,6 @@
 """The decode fast paths give the very numbers of the general ones: rotary positions by a roll, a lone
-sequence's attention without the shared output buffer, fused quantized projections, 2-D quantized inputs."""
+sequence's attention without the shared output buffer, a context of consecutive slots read in place, fused
+quantized projections, 2-D quantized inputs."""
 
 from __future__ import annotations
 
@@ -42,6 +43,22 @@ def test_a_lone_sequence_attends_as_it_does_in_a_batch() -> None:
     alone = paged_attention(q[:1], k[:1], v[:1], kv_cache.clone(), AttentionMetadata(torch.tensor([40]), [first]), 0.25)
     assert torch.equal(alone, both[:1])
     assert not torch.equal(both[0], both[1])
+
+
+def test_consecutive_slots_are_read_in_place_as_scattered_ones_are_gathered() -> None:
+    generator = torch.Generator().manual_seed(1)
+    kv_cache = new_kv_cache(64, KV_HEADS, HEAD_DIM, torch.float32)
+    kv_cache.normal_(generator=generator)
+    in_place, scattered = torch.arange(20, 27), torch.tensor([2, 40, 5, 33, 9, 60, 11])
+    kv_cache[:, scattered[:-1]] = kv_cache[:, in_place[:-1]]  # the same context, new token aside
+    q = torch.randn(1, HEADS, HEAD_DIM, generator=generator)
+    k, v = (torch.randn(1, KV_HEADS, HEAD_DIM, generator=generator) for _ in range(2))
+    outs = []
+    for slots in (in_place, scattered):
+        span = QuerySpan(0, 1, slots, None)
+        outs.append(paged_attention(q, k, v, kv_cache, AttentionMetadata(slots[-1:], [span]), 0.25))
+    assert QuerySpan(0, 1, in_place, None).first_slot == 20 and QuerySpan(0, 1, scattered, None).first_slot is None
+    assert torch.equal(outs[0], outs[1])
 
 
 def int4_tensor(name: str, rows: int, seed: int) -> GGUFTensor:
