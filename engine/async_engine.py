@@ -185,29 +185,25 @@ class AsyncLLMEngine:
             command()
 
     def _deliver_step(self, outputs: list[RequestOutput]) -> None:
-        """A step's outputs in one callback per event loop: each callback is a write to that loop's wake-up
-        pipe and a thread hand-off, which at 64 streams cost more than the outputs themselves."""
+        self._deliver_all([(out.request_id, out) for out in outputs])
+
+    def _deliver(self, request_id: str, item: _Item) -> None:
+        self._deliver_all([(request_id, item)])
+
+    def _deliver_all(self, items: list[tuple[str, _Item]]) -> None:
+        """Items to their streams, in one callback per event loop: each callback is a write to that loop's
+        wake-up pipe and a thread hand-off, which at 64 streams cost more than the outputs themselves."""
         batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[_Item], _Item]]] = {}
-        for out in outputs:
-            stream = self._streams.get(out.request_id)
+        for request_id, item in items:
+            stream = self._streams.get(request_id)
             if stream is not None:
-                batches.setdefault(stream[0], []).append((stream[1], out))
+                batches.setdefault(stream[0], []).append((stream[1], item))
         for loop, batch in batches.items():
             try:
                 loop.call_soon_threadsafe(_put_all, batch)
             except RuntimeError:  # the caller's event loop is closed: nobody is listening any more
                 for request_id in [rid for rid, (owner, _) in list(self._streams.items()) if owner is loop]:
                     self._streams.pop(request_id, None)
-
-    def _deliver(self, request_id: str, item: _Item) -> None:
-        stream = self._streams.get(request_id)
-        if stream is None:
-            return
-        loop, queue = stream
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-        except RuntimeError:  # the caller's event loop is closed: nobody is listening any more
-            self._streams.pop(request_id, None)
 
     def _abort_all(self, error: BaseException) -> None:
         for request_id in list(self._streams):

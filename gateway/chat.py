@@ -19,7 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from engine.sampling import TokenLogprob
-from gateway.access import admit_principal
+from gateway.access import request_principal
 from gateway.auth import Principal
 from gateway.bodies import body_openapi, parse_body
 from gateway.content_log import log_turn
@@ -62,7 +62,7 @@ def check_model(gw: GatewayState, model: str) -> None:
              openapi_extra=body_openapi(ChatCompletionRequest, (SESSION_HEADER,)))
 async def chat_completions(request: Request) -> Response:
     gw = gateway_state(request)
-    principal = await admit_principal(gw, request.headers.get("authorization"))
+    principal = await request_principal(request)
     body = await parse_body(request, ChatCompletionRequest)
     step_timer.leave("parse")
     check_model(gw, body.model)
@@ -119,7 +119,7 @@ def _max_tokens_param(body: ChatCompletionRequest) -> str:
 @router.post("/v1/completions", response_model=None, openapi_extra=body_openapi(CompletionRequest))
 async def completions(request: Request) -> Response:
     gw = gateway_state(request)
-    principal = await admit_principal(gw, request.headers.get("authorization"))
+    principal = await request_principal(request)
     body = await parse_body(request, CompletionRequest)
     check_model(gw, body.model)
     prompt = _completion_prompt(body.prompt)

@@ -21,7 +21,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
 
 from engine.sampling import SamplingParams
-from gateway.access import admit_principal, request_principal
+from gateway.access import request_principal
 from gateway.auth import Principal
 from gateway.bodies import body_openapi, parse_body
 from gateway.chat import check_model, gateway_state
@@ -175,7 +175,7 @@ async def _remember(gw: GatewayState, turn: SessionTurn, key: StoreKey, target: 
 @router.post("/v1/responses", response_model=None, openapi_extra=body_openapi(ResponseCreateRequest))
 async def create_response(request: Request) -> Response:
     gw = gateway_state(request)
-    principal = await admit_principal(gw, request.headers.get("authorization"))
+    principal = await request_principal(request)
     body = await parse_body(request, ResponseCreateRequest)
     if body.model is not None:
         check_model(gw, body.model)
