@@ -18,7 +18,8 @@ from agents_eval.bench.peer.settings import AGENTSERVE_BF16, AGENTSERVE_FP32, IN
 from gateway.cli import EXIT_BAD_INPUT, main
 
 SETTINGS = PeerSettings(model="tiny", configs=(AGENTSERVE_FP32, AGENTSERVE_BF16), sessions=2, turns=2,
-                        observation_tokens=16, output_tokens=3, decode_tokens=4, prefill_tokens=32, repeats=2)
+                        observation_tokens=16, output_tokens=3, decode_tokens=4, prefill_tokens=32, repeats=2,
+                        rounds=2)
 PNG = b"\x89PNG"
 
 
@@ -68,7 +69,13 @@ def test_decode_and_prefill_figures(bench: BenchResult) -> None:
     for config in SETTINGS.configs:
         result, figures = bench.report["results"][config], bench.report["figures"][config]
         decode_runs, prefill_runs = result["decode"]["runs"], result["prefill"]["runs"]
-        assert len(decode_runs) == len(prefill_runs) == SETTINGS.repeats
+        assert len(decode_runs) == len(prefill_runs) == SETTINGS.repeats * SETTINGS.rounds
+        assert [r["round"] for r in decode_runs] == [i for i in range(SETTINGS.rounds) for _ in range(SETTINGS.repeats)]
+        for phase in ("decode", "prefill"):  # each round's own median beside the median of every run
+            runs = result[phase]["runs"]
+            assert result[phase]["round_medians"] == pytest.approx(
+                [statistics.median(r["tokens_per_s"] for r in runs if r["round"] == i) for i in range(SETTINGS.rounds)])
+        assert len(result["load_average_1m"]) == SETTINGS.rounds
         assert all(r["output_tokens"] == SETTINGS.decode_tokens and r["tokens_per_s"] > 0 for r in decode_runs)
         assert all(r["tokens_per_s"] == pytest.approx(r["prompt_tokens"] / r["ttft_s"]) for r in prefill_runs)
         median = statistics.median(r["tokens_per_s"] for r in decode_runs)

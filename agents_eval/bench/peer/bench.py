@@ -7,6 +7,7 @@ import asyncio
 import importlib.metadata
 import json
 import os
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,7 +35,7 @@ class BenchResult:
     markdown: str
 
 
-async def _measure(server: GatewayProcess, config: str, settings: PeerSettings,
+async def _measure(server: GatewayProcess, config: str, settings: PeerSettings, with_agents: bool,
                    progress: Progress, task: TaskID) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=server.url, timeout=30.0) as http:
         target = measure.Target(server.url, await model_name(http), keeps_sessions=config != LLAMA_CPP)
@@ -44,38 +45,60 @@ async def _measure(server: GatewayProcess, config: str, settings: PeerSettings,
             progress.advance(task)
 
         result = {"decode": await measure.decode(target, settings, tick),
-                  "prefill": await measure.prefill(target, settings, tick),
-                  "agents": await measure.agents(target, settings, tick)}
+                  "prefill": await measure.prefill(target, settings, tick)}
+        if with_agents:
+            result["agents"] = await measure.agents(target, settings, tick)
         if config != LLAMA_CPP:
             result["metrics"] = await scrape(http)
     return result
 
 
-def _run_config(config: str, settings: PeerSettings, model_file: Path | None, log_dir: Path,
+def _run_config(config: str, settings: PeerSettings, model_file: Path | None, log_dir: Path, round_index: int,
                 progress: Progress) -> dict[str, Any]:
-    task = progress.add_task(f"{config}: starting", total=2 * settings.repeats + settings.sessions * settings.turns)
+    """One round of one server: decode and prefill, and in the first round the agent sessions too."""
+    with_agents = round_index == 0
+    total = 2 * settings.repeats + (settings.sessions * settings.turns if with_agents else 0)
+    task = progress.add_task(f"{config} (round {round_index + 1}/{settings.rounds}): starting", total=total)
     load_before = os.getloadavg()[0]
-    with running_server(config, settings, model_file, log_dir) as server:
-        progress.update(task, description=config)
-        result = asyncio.run(_measure(server, config, settings, progress, task))
+    with running_server(config, settings, model_file, log_dir / f"round{round_index}") as server:
+        progress.update(task, description=f"{config} (round {round_index + 1}/{settings.rounds})")
+        result = asyncio.run(_measure(server, config, settings, with_agents, progress, task))
         result["server"] = {"env": server.env, "log": str(server.log_path)}
     result["load_average_1m"] = {"before": load_before, "after": os.getloadavg()[0]}
     return result
+
+
+def merge_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One configuration's rounds as one result: every decode and prefill run of every round, their median,
+    and each round's own median beside it; the agent sessions and metrics of the first round."""
+    merged = dict(rounds[0])
+    for phase in ("decode", "prefill"):
+        runs = [run | {"round": index} for index, result in enumerate(rounds) for run in result[phase]["runs"]]
+        merged[phase] = {**rounds[0][phase], "runs": runs,
+                         "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs),
+                         "round_medians": [result[phase]["tokens_per_s"] for result in rounds]}
+    merged["load_average_1m"] = [result["load_average_1m"] for result in rounds]
+    return merged
 
 
 def _notes(settings: PeerSettings, model_file: Path | None, results: dict[str, Any],
            machine: dict[str, Any]) -> list[str]:
     notes = [f"agentserve model `{settings.model}`; llama.cpp file `{model_file}`; {settings.threads} threads each; "
              f"{settings.sessions} sessions x {settings.turns} turns, {settings.output_tokens} output tokens per turn; "
-             f"decode {settings.decode_tokens} tokens; median of {settings.repeats} decode and prefill runs.",
+             f"decode {settings.decode_tokens} tokens; decode and prefill: median of {settings.repeats} runs in "
+             f"each of {settings.rounds} rounds, the servers taking turns (agent sessions in the first round).",
              f"Machine: {machine['cpu_count']} CPUs, 1-minute load before the run {machine['load_average'][0]:.2f}; "
-             + ", ".join(f"{c} {r['load_average_1m']['before']:.2f}→{r['load_average_1m']['after']:.2f}"
-                         for c, r in results.items()) + " (load before→after each configuration); "
+             + ", ".join(f"{c} " + " ".join(_load_change(load) for load in r["load_average_1m"])
+                         for c, r in results.items()) + " (load before→after each configuration, per round); "
              f"OMP_WAIT_POLICY {os.environ.get('OMP_WAIT_POLICY', 'unset')} for both servers."]
     if LLAMA_CPP in results:
         notes.append(f"llama-cpp-python {_version('llama-cpp-python')}: `python -m llama_cpp.server` "
                      + " ".join(llama_cpp_command(Path("FILE"), settings, 0)[3:-2]))
     return notes
+
+
+def _load_change(load: dict[str, float]) -> str:
+    return f"{load['before']:.2f}→{load['after']:.2f}"
 
 
 def _version(distribution: str) -> str:
@@ -103,10 +126,13 @@ def run_benchmark(settings: PeerSettings, out_dir: Path) -> BenchResult:
     model_file = gguf_file(settings.model) if LLAMA_CPP in settings.configs else None
     machine = machine_info()
     start = time.perf_counter()
-    results: dict[str, Any] = {}
     with Progress(console=Console(stderr=True), transient=True) as progress:
-        for config in settings.configs:
-            results[config] = _run_config(config, settings, model_file, out_dir / "logs", progress)
+        rounds: dict[str, list[dict[str, Any]]] = {config: [] for config in settings.configs}
+        for round_index in range(settings.rounds):  # the servers take turns: a slow spell of the machine hits all
+            for config in settings.configs:
+                rounds[config].append(_run_config(config, settings, model_file, out_dir / "logs", round_index,
+                                                  progress))
+        results = {config: merge_rounds(config_rounds) for config, config_rounds in rounds.items()}
     table = {config: peer_report.figures(result) for config, result in results.items()}
     data = {"settings": asdict(settings), "machine": machine, "model_file": str(model_file) if model_file else None,
             "llama_cpp_python": _version("llama-cpp-python"), "figures": table,

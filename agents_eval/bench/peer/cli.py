@@ -9,7 +9,7 @@ from agents_eval.bench.peer.bench import run_benchmark
 from agents_eval.bench.peer.settings import CONFIGS, PeerSettings
 
 INT_OPTIONS = ("threads", "sessions", "turns", "observation_tokens", "output_tokens", "decode_tokens",
-               "prefill_tokens", "repeats", "context", "seed")
+               "prefill_tokens", "repeats", "rounds", "context", "seed")
 HELP = {
     "threads": "threads of every server (llama.cpp n_threads and n_threads_batch, agentserve's torch threads)",
     "sessions": "concurrent agent sessions",
@@ -18,7 +18,8 @@ HELP = {
     "output_tokens": "output tokens of each agent turn",
     "decode_tokens": "output tokens of each single-stream decode run",
     "prefill_tokens": "prompt tokens of each prefill run (about: text sized by characters)",
-    "repeats": "single-stream decode and prefill runs per configuration (median reported)",
+    "repeats": "single-stream decode and prefill runs per configuration and round",
+    "rounds": "rounds in which the servers take turns for decode and prefill (the median of every run is reported)",
     "context": "llama.cpp's context (n_ctx); must hold the longest session",
     "seed": "seed of the agent sessions' observations",
 }

@@ -42,7 +42,8 @@ class PeerSettings:
     output_tokens: int = 32  # per agent turn
     decode_tokens: int = 128
     prefill_tokens: int = 2000
-    repeats: int = 3  # single-stream decode and prefill runs per configuration (median reported)
+    repeats: int = 3  # single-stream decode and prefill runs per configuration and round
+    rounds: int = 3  # the servers take turns this many times for decode and prefill (median of every run)
     context: int = 8192  # llama.cpp's n_ctx
     seed: int = 0
 
@@ -60,6 +61,7 @@ class PeerSettings:
             (self.decode_tokens >= 2, "--decode-tokens must be at least 2"),
             (self.prefill_tokens >= 16, "--prefill-tokens must be at least 16"),
             (self.repeats >= 1, "--repeats must be at least 1"),
+            (self.rounds >= 1, "--rounds must be at least 1"),
         ])
         if LLAMA_CPP in self.configs:
             require_llama_cpp()
