@@ -205,6 +205,28 @@ def test_report_of_a_search_has_slo_rates_probes_and_ratios(stub_report: dict[st
     assert {c["measured_as"] for c in checks if c["figure"] == "throughput"} == {"slo_rate"}
 
 
+def test_the_p99_goal_is_judged_at_the_baseline_slo_rate(tmp_path: Path) -> None:
+    """With the agent measured at the baseline's SLO rate, its p99 there over the baseline's is the p99 goal's
+    figure; without that point the goal falls back to the p99 at each one's own SLO rate."""
+    settings = AgentBenchSettings(WorkloadOptions("swe"), slo=SLO, search=SearchSettings())
+    points, searches = [], {}
+    for config in ("baseline", "agent"):
+        config_points, searches[config] = stub_search(config)
+        points += config_points
+    fallback = {c["figure"]: c["measured_as"] for c in assemble(settings, 0.2, Workload("swe", (), {}), points,
+                                                                 searches, {"cpu_count": 2})["goal"]}
+    assert fallback["p99_latency"] == "p99_latency"
+    baseline_rate = searches["baseline"].rate
+    extra = stub_point("agent", baseline_rate, "at-baseline-rate")
+    report = assemble(settings, 0.2, Workload("swe", (), {}), [*points, extra], searches, {"cpu_count": 2})
+    agent_row = next(r for r in report["sweep"]["agent"] if r["offered_rate"] == baseline_rate)
+    expected = agent_row["p99_latency_s"] / report["configs"]["baseline"]["p99_latency_s"]
+    assert report["ratios"]["agent/baseline"]["p99_latency_at_baseline_rate"] == pytest.approx(expected)
+    check = next(c for c in report["goal"] if c["figure"] == "p99_latency")
+    assert check["measured_as"] == "p99_latency_at_baseline_rate" and check["measured"] == pytest.approx(expected)
+    assert report["configs"]["agent"]["offered_rate"] != baseline_rate  # the headline stays at its own SLO rate
+
+
 def test_report_of_a_search_has_the_table_and_the_attainment_plot(stub_report: dict[str, Any]) -> None:
     markdown = (stub_report["out"] / "report.md").read_text()
     assert ("| configuration | throughput at SLO (sessions/s) | throughput at SLO (req/s) | P99 latency | "

@@ -37,7 +37,7 @@ from agents_eval.bench.agent.notes import notes
 from agents_eval.bench.agent.run import Point, measure_point, progress_display
 from agents_eval.bench.agent.search import SLO_TARGET, SearchResult
 from agents_eval.bench.agent.settings import AgentBenchSettings
-from agents_eval.bench.agent.slo import probe_workloads, run_search, start_rate
+from agents_eval.bench.agent.slo import Workloads, probe_point, probe_workloads, run_search, start_rate
 from agents_eval.bench.agent.workload import WORKLOADS, build_workload, default_rate, session_rate
 from agents_eval.report import ReportFiles, machine_info
 from agents_eval.workloads.types import Workload
@@ -65,10 +65,25 @@ def run_benchmark(settings: AgentBenchSettings, out_dir: Path) -> BenchResult:
             workloads = probe_workloads(settings)
             rate = start_rate(settings.search, workloads)
             points, searches = run_search(settings, workloads, rate, out_dir, progress)
+            points += at_baseline_rate(settings, workloads, searches, out_dir, progress)
             workload = workloads.at(rate)
     report = assemble(settings, rate, workload, points, searches, machine)
     files = bench_report.write(out_dir, report, points, notes(settings, report))
     return BenchResult(report, files, points)
+
+
+def at_baseline_rate(settings: AgentBenchSettings, workloads: Workloads, searches: Searches, out_dir: Path,
+                     progress: Progress) -> list[Point]:
+    """The agent measured at the baseline's SLO rate, where its p99 goal is judged: none when its search
+    already probed that rate, or when either configuration did not search or the baseline met no rate."""
+    baseline, agent = searches.get(bench_report.BASELINE), searches.get(bench_report.AGENT)
+    if settings.search is None or baseline is None or agent is None or baseline.low is None:
+        return []
+    if any(probe.rate == baseline.rate for probe in agent.probes):
+        return []
+    point = probe_point(bench_report.AGENT, "at-baseline-rate", baseline.rate, workloads, settings.run,
+                        settings.slo, settings.search, out_dir, progress)
+    return [] if point is None else [point]
 
 
 def _fixed_points(settings: AgentBenchSettings, out_dir: Path,
@@ -105,8 +120,8 @@ def config_figures(settings: AgentBenchSettings, points: Sequence[Point], search
 def assemble(settings: AgentBenchSettings, rate: float | None, workload: Workload, points: Sequence[Point],
              searches: Searches, machine: dict[str, Any]) -> dict[str, Any]:
     configs = config_figures(settings, points, searches)
-    ratios = bench_report.config_ratios(configs)
     sweep = bench_report.sweep_rows(points, settings.slo, settings.prices)
+    ratios = bench_report.config_ratios(configs, sweep)
     run, search = settings.run, settings.search
     return {
         "workload": {"name": workload.name, "sessions": len(workload.sessions), "requests": workload.num_requests,

@@ -27,6 +27,7 @@ PAIRS = ((AGENT, BASELINE), ("disaggregated", BASELINE), (AGENT, "disaggregated"
 LIGHT_LOAD_BOUND = 1.1  # agent p50 and p99 at the lowest rate, at most this times the baseline's
 RATIO_KEYS = {"throughput": "throughput_rps", "goodput": "goodput_rps", "p99_latency": "p99_latency_s",
               "cost": "cost_per_1k_output_tokens", "slo_rate": "slo_rate_sessions_per_s"}
+PREFERRED = {"throughput": "slo_rate", "p99_latency": "p99_latency_at_baseline_rate"}  # after a search
 GOALS = {  # the project's claims per ratio pair: (figure, "min" or "max", target ratio)
     "agent/baseline": (("throughput", "min", 5.0), ("p99_latency", "max", 0.2), ("cost", "max", 0.4)),
     "agent/disaggregated": (("throughput", "min", 1.35),),
@@ -67,15 +68,31 @@ def probe_row(probe: Probe[Point | None]) -> dict[str, Any]:
     return row
 
 
-def config_ratios(configs: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, float]]:
-    """`<a>/<b>` for each pair of PAIRS both measured; `slo_rate` only when both ran the search."""
+def config_ratios(configs: Mapping[str, Mapping[str, Any]],
+                  sweep: Mapping[str, Sequence[Mapping[str, Any]]] | None = None) -> dict[str, dict[str, float]]:
+    """`<a>/<b>` for each pair of PAIRS both measured; `slo_rate` only when both ran the search; for
+    agent/baseline after a search, `p99_latency_at_baseline_rate`: the agent's p99 at the baseline's SLO rate
+    (a point of `sweep`) over the baseline's p99 there."""
     ratios = {}
     for top, bottom in PAIRS:
         if top in configs and bottom in configs:
             a, b = configs[top], configs[bottom]
             ratios[f"{top}/{bottom}"] = {short: ratio(a[key], b[key]) for short, key in RATIO_KEYS.items()
                                          if key in a and key in b}
+    at_rate = _p99_at_baseline_rate(configs, sweep or {})
+    if at_rate is not None:
+        ratios[f"{AGENT}/{BASELINE}"]["p99_latency_at_baseline_rate"] = at_rate
     return ratios
+
+
+def _p99_at_baseline_rate(configs: Mapping[str, Mapping[str, Any]],
+                          sweep: Mapping[str, Sequence[Mapping[str, Any]]]) -> float | None:
+    baseline = configs.get(BASELINE)
+    if AGENT not in configs or baseline is None or not baseline.get("slo_search", {}).get("found"):
+        return None
+    rate = baseline["slo_rate_sessions_per_s"]
+    rows = [row for row in sweep.get(AGENT, []) if row["offered_rate"] == rate]
+    return ratio(rows[0]["p99_latency_s"], baseline["p99_latency_s"]) if rows else None
 
 
 def goal_check(ratios: Mapping[str, Mapping[str, float]]) -> list[dict[str, Any]]:
@@ -87,7 +104,8 @@ def goal_check(ratios: Mapping[str, Mapping[str, float]]) -> list[dict[str, Any]
             continue
         config, _, against = pair.partition("/")
         for figure, bound, target in goals:
-            key = "slo_rate" if figure == "throughput" and "slo_rate" in measured_ratios else figure
+            key = PREFERRED.get(figure, figure)
+            key = key if key in measured_ratios else figure
             measured = measured_ratios[key]
             met = measured >= target if bound == "min" else measured <= target
             checks.append({"config": config, "against": against, "figure": figure, "measured_as": key, "bound": bound,

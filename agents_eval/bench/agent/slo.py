@@ -56,6 +56,16 @@ def probe_limits(limits: RunLimits, slo: Slo, workload: Workload, duration_s: fl
     return replace(limits, duration_s=duration_s, drain_timeout_s=min(limits.drain_timeout_s, drain))
 
 
+def probe_point(config: str, tag: str, rate: float, workloads: Workloads, run: RunOptions, slo: Slo,
+                settings: SearchSettings, out_dir: Path, progress: Progress) -> Point | None:
+    """One probe-length run of `config` at `rate` on a fresh gateway; None when no session starts."""
+    workload = workloads.at(rate)
+    if not workload.sessions:
+        return None
+    options = replace(run, limits=probe_limits(run.limits, slo, workload, settings.probe_duration_s))
+    return measure_point(config, tag, rate, workload, options, out_dir, progress)
+
+
 def prober(config: str, workloads: Workloads, run: RunOptions, slo: Slo, settings: SearchSettings, out_dir: Path,
            progress: Progress) -> Callable[[float], tuple[float, Point | None]]:
     """`measure(rate)` for the search: one full run of `config` at `rate`; NaN when no session starts."""
@@ -64,12 +74,8 @@ def prober(config: str, workloads: Workloads, run: RunOptions, slo: Slo, setting
     def measure(rate: float) -> tuple[float, Point | None]:
         nonlocal count
         count += 1
-        workload = workloads.at(rate)
-        if not workload.sessions:
-            return math.nan, None
-        options = replace(run, limits=probe_limits(run.limits, slo, workload, settings.probe_duration_s))
-        point = measure_point(config, f"probe{count}", rate, workload, options, out_dir, progress)
-        return slo_attainment(point.result.records, slo), point
+        point = probe_point(config, f"probe{count}", rate, workloads, run, slo, settings, out_dir, progress)
+        return (math.nan, None) if point is None else (slo_attainment(point.result.records, slo), point)
 
     return measure
 

@@ -14,7 +14,8 @@ from agents_eval.report import Table
 
 COST_HEADERS = ["cost ($/1k generated tokens)", "cost ($/1k computed prompt tokens)"]
 RATIO_COLUMNS = {"slo_rate": "throughput at SLO", "throughput": "throughput", "goodput": "goodput",
-                 "p99_latency": "p99 latency", "cost": "cost / generated token"}
+                 "p99_latency": "p99 latency", "p99_latency_at_baseline_rate": "p99 latency at the baseline's SLO rate",
+                 "cost": "cost / generated token"}
 
 
 def _num(value: float | None, digits: int = 3) -> str:
