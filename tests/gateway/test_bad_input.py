@@ -201,8 +201,8 @@ def test_a_client_gone_before_a_non_streaming_reply_aborts_it(gateway: tuple[Fas
         body.update(prompt=prompt, max_tokens=1900)
     else:
         body.update(input=prompt, max_output_tokens=1900, store=False)
-    with pytest.raises(httpx.ReadTimeout):  # the client gives up while the engine is still generating
-        httpx.post(f"{url}{path}", json=body, timeout=httpx.Timeout(30, read=1.0))
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up early: tiny decodes ~1,000 tokens/s on a fast host
+        httpx.post(f"{url}{path}", json=body, timeout=httpx.Timeout(30, read=0.4))
     assert engine.has_unfinished() or engine.kv.num_free_blocks == free_before
     assert wait_for(lambda: not engine.has_unfinished() and engine.kv.num_free_blocks == free_before)
     assert wait_for(lambda: app.state.gateway.in_flight == 0)
