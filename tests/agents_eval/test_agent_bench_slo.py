@@ -57,7 +57,7 @@ def test_search_finds_the_knee_within_precision_and_budget() -> None:
 
 def test_search_stops_at_the_probe_budget_with_the_bracket_it_has() -> None:
     runner = Knee()
-    result = search_slo_rate(runner, 0.2, SearchOptions())  # default budget: 6 probes
+    result = search_slo_rate(runner, 0.2, SearchOptions(max_probes=6))
     assert len(runner.rates) == 6 and not result.converged(SearchOptions().precision)
     assert (result.rate, result.high and result.high.rate) == pytest.approx((3.2, 6.4))
 
