@@ -122,17 +122,18 @@ def test_quantized_engine_generates_like_the_exact_one(arch: str, qtype: QType, 
     same context, picks the same next token (on random weights the logits are nearly flat, so a lossy int8
     requantization flips a few argmaxes; free-running, one flip would change every later token)."""
     path = write_gguf(tmp_path / "model.gguf", arch, qtype)  # qwen2: fused q/k/v with their biases
-    batch = prompts(320)[:4]
+    batch, steps = prompts(320)[:4], 8
     settings = dict(block_size=8, num_kv_blocks=256)
     exact = LLMEngine(str(path), EngineSettings(**settings)).generate(
-        batch, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
-    contexts = [prompt + done.token_ids[:step] for prompt, done in zip(batch, exact, strict=True) for step in range(8)]
+        batch, SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True))
+    contexts = [prompt + done.token_ids[:step] for prompt, done in zip(batch, exact, strict=True)
+                for step in range(steps)]
     wanted = [token for done in exact for token in done.token_ids]
     quick = LLMEngine(str(path), EngineSettings(**settings, gguf_weights="quantized")).generate(
         contexts, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
     agreeing = sum(done.token_ids == [token] for done, token in zip(quick, wanted, strict=True))
     assert agreeing >= 0.9 * len(wanted)
-    assert all(quick[8 * index].token_ids == done.token_ids[:1] for index, done in enumerate(exact))  # first tokens
+    assert all(quick[steps * index].token_ids == done.token_ids[:1] for index, done in enumerate(exact))  # first tokens
 
 
 def test_tensors_keep_their_types_and_torch_shapes(tmp_path: Path) -> None:
