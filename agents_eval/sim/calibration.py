@@ -1,9 +1,16 @@
 """A step-time model fitted to measured engine steps (`agentserve profile` writes it, `simulate` reads it).
 
-time = c_step + c_seq x sequences + c_flop x FLOPs + c_byte x bytes, FLOPs and bytes from the cost model
-(`cost`), fitted by non-negative least squares on relative error (each step weighted by 1 / its time, so short
-decode steps count as much as long prefills). The file keeps the samples it was fitted on, so a fit can be
-checked or redone.
+time = c_step + c_seq x sequences + c_linear x linear FLOPs + c_attention x attention FLOPs + c_byte x bytes,
+FLOPs and bytes from the cost model (`cost`; attention apart from the weights' matmuls, as an engine's attention
+over a cached prefix runs at a rate of its own), fitted by non-negative least squares on relative error (each
+step weighted by 1 / its time, so short decode steps count as much as long prefills). Decode steps (one new
+token per sequence) and steps that compute a prompt chunk are fitted apart (`KINDS`): a decode step is bound
+by reading the weights and the KV, where a sequence more costs almost nothing, a prefill by its matmuls; one
+line through both misses each. The file keeps the samples it was fitted on, so a fit can be checked or redone.
+
+`idle_penalty`: what a worker's first step after an idle gap costs beyond the same step run back to back, as
+(gap seconds, extra seconds) points, interpolated and held beyond the last: on a shared host, other tenants
+evict an idle process's weights from the cache, so the step after a tool gap reads them from memory again.
 """
 
 from __future__ import annotations
@@ -14,10 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from agents_eval.sim.cost import StepWork, step_bytes, step_flops
+from agents_eval.sim.cost import StepWork, attention_flops, linear_flops, step_bytes
 from agents_eval.sim.specs import ModelShape
 
-FEATURES = ("step", "seq", "flop", "byte")
+FEATURES = ("step", "seq", "linear_flop", "attention_flop", "byte")
+KINDS = ("decode", "prefill")  # a step of decodes only; a step computing a prompt chunk (decodes may join it)
 
 
 @dataclass(frozen=True)
@@ -30,9 +38,10 @@ class StepSample:
 class Calibration:
     model: str
     dtype: str
-    coefficients: dict[str, float]  # seconds per unit of each of FEATURES
+    coefficients: dict[str, dict[str, float]]  # per step kind of KINDS, seconds per unit of each of FEATURES
     machine: dict[str, object] = field(default_factory=dict)
     samples: tuple[StepSample, ...] = ()
+    idle_penalty: tuple[tuple[float, float], ...] = ()  # (idle gap s, extra s of the first step after it)
 
     def save(self, path: Path) -> None:
         data = {**asdict(self), "samples": [{**asdict(s.work), "seconds": s.seconds} for s in self.samples]}
@@ -41,24 +50,34 @@ class Calibration:
     @classmethod
     def load(cls, path: Path) -> Calibration:
         data = json.loads(path.read_text())
+        data["idle_penalty"] = tuple(tuple(point) for point in data.get("idle_penalty", ()))
         samples = tuple(StepSample(StepWork(**{k: v for k, v in s.items() if k != "seconds"}), s["seconds"])
                         for s in data.pop("samples", []))
         return cls(**data, samples=samples)
 
 
 def features(shape: ModelShape, work: StepWork) -> list[float]:
-    return [1.0, float(work.seqs), step_flops(shape, work), step_bytes(shape, work)]
+    return [1.0, float(work.seqs), linear_flops(shape, work), attention_flops(shape, work), step_bytes(shape, work)]
 
 
-def fit(model: str, dtype: str, samples: list[StepSample], machine: dict[str, object] | None = None) -> Calibration:
-    if len(samples) < len(FEATURES):
-        raise ValueError(f"need at least {len(FEATURES)} step samples to fit, got {len(samples)}")
+def kind(work: StepWork) -> str:
+    return KINDS[0] if work.tokens == work.seqs else KINDS[1]
+
+
+def fit(model: str, dtype: str, samples: list[StepSample], machine: dict[str, object] | None = None,
+        idle_penalty: tuple[tuple[float, float], ...] = ()) -> Calibration:
     shape = ModelShape.load(model, dtype)
+    coefficients = {name: _fit_kind(shape, [s for s in samples if kind(s.work) == name], name) for name in KINDS}
+    return Calibration(model, dtype, coefficients, machine or {}, tuple(samples), idle_penalty)
+
+
+def _fit_kind(shape: ModelShape, samples: list[StepSample], name: str) -> dict[str, float]:
+    if len(samples) < len(FEATURES):
+        raise ValueError(f"need at least {len(FEATURES)} {name} step samples to fit, got {len(samples)}")
     x = np.array([features(shape, s.work) for s in samples])
     y = np.array([s.seconds for s in samples])
     coefficients = _nonnegative_lstsq(x / y[:, None], np.ones(len(y)))
-    return Calibration(model, dtype, dict(zip(FEATURES, map(float, coefficients), strict=True)), machine or {},
-                       tuple(samples))
+    return dict(zip(FEATURES, map(float, coefficients), strict=True))
 
 
 def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -78,9 +97,26 @@ class CalibratedTimer:
     def __init__(self, calibration: Calibration) -> None:
         self.calibration = calibration
         self._shape = ModelShape.load(calibration.model, calibration.dtype)
-        self._coefficients = [calibration.coefficients[name] for name in FEATURES]
+        self._coefficients = {name: _coefficients(calibration, name) for name in KINDS}
 
     def step_time(self, work: StepWork) -> float:
         if not work.tokens:
             return 0.0
-        return float(sum(c * f for c, f in zip(self._coefficients, features(self._shape, work), strict=True)))
+        coefficients = self._coefficients[kind(work)]
+        return float(sum(c * f for c, f in zip(coefficients, features(self._shape, work), strict=True)))
+
+    def after_idle_s(self, idle_s: float) -> float:
+        points = self.calibration.idle_penalty
+        if not points or idle_s <= 0:
+            return 0.0
+        gaps, extras = zip(*((0.0, 0.0), *points), strict=True)
+        return float(np.interp(idle_s, gaps, extras))
+
+
+def _coefficients(calibration: Calibration, name: str) -> list[float]:
+    fitted = calibration.coefficients.get(name)
+    if not isinstance(fitted, dict) or set(fitted) != set(FEATURES):
+        raise ValueError(f"the calibration has no {name} coefficients for {FEATURES} (it holds "
+                         f"{sorted(calibration.coefficients)}): it was written by an older profile; rerun "
+                         f"`agentserve profile`")
+    return [fitted[feature] for feature in FEATURES]

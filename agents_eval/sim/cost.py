@@ -40,9 +40,17 @@ class StepWork:
         return cls(seqs, tokens, sampled, pairs, context)
 
 
+def linear_flops(shape: ModelShape, work: StepWork) -> float:
+    """The weights' matmuls: the active parameters for every new token, the LM head for every sampled one."""
+    return 2.0 * shape.active_params * work.tokens + 2.0 * shape.vocab * shape.hidden * work.sampled
+
+
+def attention_flops(shape: ModelShape, work: StepWork) -> float:
+    return 4.0 * shape.layers * shape.q_width * work.attention_pairs
+
+
 def step_flops(shape: ModelShape, work: StepWork) -> float:
-    linear = 2.0 * shape.active_params * work.tokens + 2.0 * shape.vocab * shape.hidden * work.sampled
-    return linear + 4.0 * shape.layers * shape.q_width * work.attention_pairs
+    return linear_flops(shape, work) + attention_flops(shape, work)
 
 
 def experts_touched(shape: ModelShape, tokens: int) -> float:
@@ -63,6 +71,9 @@ def step_bytes(shape: ModelShape, work: StepWork) -> float:
 class StepTimer(Protocol):
     def step_time(self, work: StepWork) -> float: ...
 
+    def after_idle_s(self, idle_s: float) -> float:
+        """Extra seconds of a worker's first step after `idle_s` seconds without work."""
+
 
 @dataclass(frozen=True)
 class RooflineTimer:
@@ -77,6 +88,9 @@ class RooflineTimer:
         compute = step_flops(self.shape, work) / (tp * device.peak_flops * device.flops_efficiency)
         memory = step_bytes(self.shape, work) / (tp * device.memory_bandwidth * device.bandwidth_efficiency)
         return device.step_overhead_s + max(compute, memory) + self.all_reduce_s(work.tokens)
+
+    def after_idle_s(self, idle_s: float) -> float:
+        return 0.0  # a datasheet has no figure for it; a calibration measures it
 
     def all_reduce_s(self, tokens: int) -> float:
         """Two ring all-reduces of the hidden states per layer (after attention and after the MLP)."""

@@ -3,14 +3,20 @@ calibration file (`calibration`) that `agentserve simulate` reads instead of the
 
 Rounds of requests with random token ids (prompt lengths and batch sizes from the lists below, replies of
 `--max-tokens` with ignore_eos) go through `LLMEngine`; each step's batch is read off the engine's own
-scheduler (the sequences it scheduled and their cached tokens) and timed around `LLMEngine.step`.
+scheduler (the sequences it scheduled and their cached tokens) and timed around `LLMEngine.step`. Then agent
+turns: a delta of a few to a hundred tokens on a cached prefix (the previous request's prompt), one or several
+together, and the same turn joining requests that are decoding (one step mixing its chunk with their tokens,
+as a busy engine runs it). Last, the idle penalty: the same cached-prefix turn after idle gaps of `IDLE_GAPS_S`,
+its first step against the same turn run back to back.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +30,13 @@ if TYPE_CHECKING:
 
 PROMPT_LENGTHS = (16, 128, 512, 1024)
 BATCH_SIZES = (1, 2, 4, 8, 16)
+CACHED_PREFIXES = (256, 512, 1024)  # an agent turn's history, in the prefix cache
+TURN_DELTAS = (8, 32, 128)  # its new tokens
+TURN_BATCHES = (1, 4)
+DECODERS = (1, 2, 4)  # requests decoding while a turn arrives
+IDLE_GAPS_S = (0.25, 0.5, 1.0, 2.0, 4.0)
+IDLE_REPEATS = 5
+IDLE_TURN = (512, 8)  # (cached prefix, delta) of the turn timed after each gap
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,35 +50,82 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     from agents_eval.report import machine_info
 
-    samples = profile_engine(args.model, args.max_tokens, args.seed)
-    calibration = fit(args.model, "float32", samples, machine_info())
+    samples, idle_penalty = profile_engine(args.model, args.max_tokens, args.seed)
+    calibration = fit(args.model, "float32", samples, machine_info(), idle_penalty)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     calibration.save(args.out)
-    print(f"{len(samples)} steps; coefficients {calibration.coefficients}; wrote {args.out}")
+    print(f"{len(samples)} steps; coefficients {calibration.coefficients}; idle penalty {idle_penalty}; "
+          f"wrote {args.out}")
 
 
-def profile_engine(model: str, max_tokens: int, seed: int) -> list[StepSample]:
+def profile_engine(model: str, max_tokens: int, seed: int
+                   ) -> tuple[list[StepSample], tuple[tuple[float, float], ...]]:
+    """The step samples, and the idle penalty as (gap seconds, extra seconds) points."""
     from engine.config import EngineSettings
     from engine.llm_engine import LLMEngine
 
-    # one thread, as each worker of the disaggregated engine has (configs/deployment.yaml threads_per_worker)
-    engine = LLMEngine(model, EngineSettings(enable_prefix_caching=False, num_threads=1))
+    # one thread, as each worker of the disaggregated engine has (configs/deployment.yaml threads_per_worker);
+    # random prompts share no prefix, so the cache hits only where a turn reuses its history
+    engine = LLMEngine(model, EngineSettings(num_threads=1))
     rng, samples = random.Random(seed), []
-    vocab = engine.config.vocab_size
     for length in PROMPT_LENGTHS:
         for size in BATCH_SIZES:
-            for _ in range(size):
-                engine.add_request([rng.randrange(3, vocab) for _ in range(length)], _params(max_tokens))
-            samples += _drain(engine)
-    return samples
+            samples += _round(engine, [_tokens(engine, rng, length) for _ in range(size)], max_tokens)
+    for prefix in CACHED_PREFIXES:
+        for delta in TURN_DELTAS:
+            for size in TURN_BATCHES:
+                histories = [_tokens(engine, rng, prefix) for _ in range(size)]
+                samples += _round(engine, histories, max_tokens)
+                samples += _round(engine, [h + _tokens(engine, rng, delta) for h in histories], max_tokens)
+            for decoders in DECODERS:
+                samples += _joining_round(engine, rng, prefix, delta, decoders, max_tokens)
+    return samples, idle_penalty(engine, rng, max_tokens)
+
+
+def _joining_round(engine: LLMEngine, rng: random.Random, prefix: int, delta: int, decoders: int,
+                   max_tokens: int) -> list[StepSample]:
+    """A cached-prefix turn added once `decoders` requests of `prefix` tokens are past their prefill."""
+    history = _tokens(engine, rng, prefix)
+    samples = _round(engine, [history], max_tokens)
+    for _ in range(decoders):
+        engine.add_request(_tokens(engine, rng, prefix), _params(4 * max_tokens))
+    samples += _drain(engine, until=lambda: not engine.scheduler.waiting and all(
+        s.num_computed_tokens >= s.num_prompt_tokens for s in engine.scheduler.running))
+    engine.add_request(history + _tokens(engine, rng, delta), _params(max_tokens))
+    return samples + _drain(engine)
+
+
+def idle_penalty(engine: LLMEngine, rng: random.Random, max_tokens: int) -> tuple[tuple[float, float], ...]:
+    """Per gap: the median first step of a cached-prefix turn after that gap, less the median back to back."""
+    def first_step(gap_s: float) -> float:
+        prefix, delta = IDLE_TURN
+        history = _tokens(engine, rng, prefix)
+        _round(engine, [history], max_tokens)
+        time.sleep(gap_s)
+        return _round(engine, [history + _tokens(engine, rng, delta)], max_tokens)[0].seconds
+
+    back_to_back = statistics.median(first_step(0.0) for _ in range(IDLE_REPEATS))
+    return tuple((gap, max(0.0, statistics.median(first_step(gap) for _ in range(IDLE_REPEATS)) - back_to_back))
+                 for gap in IDLE_GAPS_S)
+
+
+def _tokens(engine: LLMEngine, rng: random.Random, count: int) -> list[int]:
+    return [rng.randrange(3, engine.config.vocab_size) for _ in range(count)]
+
+
+def _round(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> list[StepSample]:
+    for prompt in prompts:
+        engine.add_request(prompt, _params(max_tokens))
+    return _drain(engine)
 
 
 def _params(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
 
-def _drain(engine: LLMEngine) -> list[StepSample]:
-    """Step until every request is done; one sample per step, composition taken from the scheduled batch."""
+def _drain(engine: LLMEngine, until: Callable[[], bool] | None = None) -> list[StepSample]:
+    """Step until every request is done (or `until` holds); one sample per step, its composition taken from the
+    scheduled batch."""
     samples, schedule = [], engine.scheduler.schedule
     seen: list[StepWork] = []
 
@@ -77,7 +137,7 @@ def _drain(engine: LLMEngine) -> list[StepSample]:
 
     engine.scheduler.schedule = recording  # type: ignore[method-assign]
     try:
-        while engine.has_unfinished():
+        while engine.has_unfinished() and not (until and until()):
             started = time.perf_counter()
             engine.step()
             seconds = time.perf_counter() - started

@@ -1,6 +1,7 @@
 """Real CPU runs to validate the simulator against: agent sessions played in real time through the engine
 (`LLMEngine`, or the disaggregated engine's worker processes), every reply `max_tokens` long with ignore_eos,
-TTFT and TPOT taken per request as the simulator takes them."""
+TTFT and TPOT taken per request as the simulator takes them: TTFT from the turn's planned arrival (its session's
+start, or its last reply plus the tool gap), so the rest of a step it fell due in counts, as it does simulated."""
 
 from __future__ import annotations
 
@@ -41,12 +42,12 @@ def play(engine: Any, sessions: list[SimSession], vocab: int, ttl_s: float, seed
     while due or live:
         now = time.monotonic() - start
         while due and due[0][0] <= now:
-            _, index = heapq.heappop(due)
+            at, index = heapq.heappop(due)
             turn = sessions[index].turns[next_turn[index]]
             prompt = histories[index] + [rng.randrange(3, vocab) for _ in range(turn.new_tokens)]
             params = SamplingParams(max_tokens=turn.output_tokens, temperature=0.0, ignore_eos=True)
             request_id = engine.add_request(prompt, params, session=SessionRef(sessions[index].session_id, ttl_s))
-            live[request_id] = _Live(index, prompt, now)
+            live[request_id] = _Live(index, prompt, at)  # planned: a turn due mid-step waits out the step
         if not engine.has_unfinished():
             time.sleep(min(0.01, max(0.0, due[0][0] - now)) if due else 0.0)
             continue

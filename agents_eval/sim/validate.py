@@ -18,8 +18,8 @@ from agents_eval.sim.workload import SimSession, from_workload
 from agents_eval.workloads import swe
 
 RATES = (0.1, 0.3)  # swe sessions per second
-DURATION_S = 30.0
-MAX_REQUESTS = 60
+DURATION_S = 60.0
+MAX_REQUESTS = 150
 TTL_S = 30.0
 DEPLOYMENTS = ("colocated", "1 prefill + 1 decode")
 WARM_UP_PROMPT_TOKENS = (256, 1024, 2048)  # each request of the warm-up, run together

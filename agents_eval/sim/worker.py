@@ -45,6 +45,8 @@ class SimWorker:
         self.busy_s = 0.0
         self.decode_step_s: float | None = None  # latest decode-only step time
         self.prefill_tokens_per_s: float | None = None  # of the latest step that computed a prompt chunk
+        # when it last ran out of work (None: working); a run starts warm, as the real runs after their warm-up
+        self._idle_since: float | None = env.now
         self._wake = env.event()
         env.process(self._run())
 
@@ -98,13 +100,15 @@ class SimWorker:
             batch = self.scheduler.schedule(self.env.now) if self.scheduler.has_unfinished() else ScheduledBatch()
             self._load = None
             if not batch.seqs:
+                if self._idle_since is None:
+                    self._idle_since = self.env.now
                 self._wake = self.env.event()
                 yield self._wake
                 continue
             samples = [batch.samples(i) for i in range(len(batch.seqs))]
             work = StepWork.of(zip(batch.num_new_tokens, (s.num_computed_tokens for s in batch.seqs), samples,
                                    strict=True))
-            seconds = self.timer.step_time(work)
+            seconds = self.timer.step_time(work) + self._after_idle_s()
             yield self.env.timeout(seconds)
             self._account(work, seconds)
             sampled = {s.request_id: self.tokens.one() for s, hit in zip(batch.seqs, samples, strict=True) if hit}
@@ -113,6 +117,12 @@ class SimWorker:
             for seq, hit in zip(batch.seqs, samples, strict=True):
                 if hit:
                     self._token(seq)  # type: ignore[arg-type]
+
+    def _after_idle_s(self) -> float:
+        if self._idle_since is None:
+            return 0.0
+        idle_s, self._idle_since = self.env.now - self._idle_since, None
+        return self.timer.after_idle_s(idle_s)
 
     def _account(self, work: StepWork, seconds: float) -> None:
         self.busy_s += seconds

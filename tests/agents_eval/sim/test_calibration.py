@@ -2,33 +2,41 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
 import pytest
 
-from agents_eval.sim.calibration import FEATURES, CalibratedTimer, Calibration, StepSample, features, fit
+from agents_eval.sim.calibration import FEATURES, KINDS, CalibratedTimer, Calibration, StepSample, features, fit, kind
 from agents_eval.sim.cost import StepWork
 from agents_eval.sim.specs import ModelShape
 
-TRUE = {"step": 2e-3, "seq": 3e-4, "flop": 1e-11, "byte": 2e-10}
+TRUE = {"decode": {"step": 5e-3, "seq": 1e-4, "linear_flop": 2e-12, "attention_flop": 1e-11, "byte": 1e-10},
+        "prefill": {"step": 2e-3, "seq": 3e-4, "linear_flop": 1e-11, "attention_flop": 3e-11, "byte": 2e-10}}
+
+
+def _seconds(work: StepWork, true: dict[str, dict[str, float]] = TRUE) -> float:
+    values = features(ModelShape.load("tiny", "float32"), work)
+    return sum(true[kind(work)][name] * value for name, value in zip(FEATURES, values, strict=True))
 
 
 def _samples() -> list[StepSample]:
-    shape, rng, samples = ModelShape.load("tiny", "float32"), random.Random(0), []
-    for _ in range(40):
+    """40 decode steps and 40 steps with prompt chunks, of 1-16 sequences."""
+    rng, samples = random.Random(0), []
+    for prefill in (False, True) * 40:
         seqs = rng.randint(1, 16)
-        work = StepWork.of((rng.choice([1, rng.randint(2, 512)]), rng.randint(0, 1024), True) for _ in range(seqs))
-        seconds = sum(TRUE[name] * value for name, value in zip(FEATURES, features(shape, work), strict=True))
-        samples.append(StepSample(work, seconds))
+        chunk = [(rng.randint(2, 512) if prefill and i == 0 else 1, rng.randint(0, 1024), True) for i in range(seqs)]
+        work = StepWork.of(chunk)
+        samples.append(StepSample(work, _seconds(work)))
     return samples
 
 
 def test_fit_recovers_coefficients_and_file_round_trips(tmp_path: Path) -> None:
     samples = _samples()
-    calibration = fit("tiny", "float32", samples, {"host": "test"})
-    for name in FEATURES:
-        assert calibration.coefficients[name] == pytest.approx(TRUE[name], rel=1e-6)
+    calibration = fit("tiny", "float32", samples, {"host": "test"}, idle_penalty=((0.5, 0.01), (2.0, 0.04)))
+    for name in FEATURES:  # a decode step's linear FLOPs are a multiple of its sequences: only its times are unique
+        assert calibration.coefficients["prefill"][name] == pytest.approx(TRUE["prefill"][name], rel=1e-6)
     path = tmp_path / "calibration.json"
     calibration.save(path)
     loaded = Calibration.load(path)
@@ -39,8 +47,39 @@ def test_fit_recovers_coefficients_and_file_round_trips(tmp_path: Path) -> None:
 
 
 def test_fit_keeps_coefficients_non_negative() -> None:
-    samples = [StepSample(s.work, TRUE["step"] + 1e-11 * features(ModelShape.load("tiny", "float32"), s.work)[2])
-               for s in _samples()]
+    shape = ModelShape.load("tiny", "float32")
+    samples = [StepSample(s.work, 2e-3 + 1e-11 * features(shape, s.work)[2]) for s in _samples()]
     calibration = fit("tiny", "float32", samples)
-    assert min(calibration.coefficients.values()) >= 0
-    assert calibration.coefficients["flop"] == pytest.approx(1e-11, rel=1e-3)
+    assert all(min(calibration.coefficients[step_kind].values()) >= 0 for step_kind in KINDS)
+    assert calibration.coefficients["prefill"]["linear_flop"] == pytest.approx(1e-11, rel=1e-3)
+    timer = CalibratedTimer(calibration)
+    assert all(timer.step_time(s.work) == pytest.approx(s.seconds, rel=1e-3) for s in samples)
+
+
+def test_decode_steps_and_prefill_steps_are_fitted_apart() -> None:
+    """A sequence more costs a decode step almost nothing; one line through both kinds would miss each."""
+    calibration = fit("tiny", "float32", _samples())
+    timer = CalibratedTimer(calibration)
+    decode, prefill = StepWork.of([(1, 100, True)] * 2), StepWork.of([(64, 100, True), (1, 100, True)])
+    assert timer.step_time(decode) == pytest.approx(_seconds(decode), rel=1e-6)
+    assert timer.step_time(prefill) == pytest.approx(_seconds(prefill), rel=1e-6)
+    with pytest.raises(ValueError, match="need at least 5 decode step samples"):
+        fit("tiny", "float32", [s for s in _samples() if kind(s.work) == "prefill"])
+
+
+def test_idle_penalty_is_interpolated_from_zero_and_held_past_the_last_gap() -> None:
+    calibration = fit("tiny", "float32", _samples(), idle_penalty=((0.5, 0.01), (2.0, 0.04)))
+    timer = CalibratedTimer(calibration)
+    assert timer.after_idle_s(0.0) == 0.0
+    assert timer.after_idle_s(0.25) == pytest.approx(0.005)
+    assert timer.after_idle_s(1.25) == pytest.approx(0.025)
+    assert timer.after_idle_s(60.0) == pytest.approx(0.04)
+    assert CalibratedTimer(fit("tiny", "float32", _samples())).after_idle_s(5.0) == 0.0
+
+
+def test_a_calibration_of_other_features_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "old.json"  # one set of coefficients, on the features before attention was apart
+    path.write_text(json.dumps({"model": "tiny", "dtype": "float32",
+                                "coefficients": {"step": 1e-3, "seq": 0.0, "flop": 1e-11, "byte": 0.0}}))
+    with pytest.raises(ValueError, match="rerun `agentserve profile`"):
+        CalibratedTimer(Calibration.load(path))

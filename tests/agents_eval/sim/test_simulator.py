@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from agents_eval.sim.calibration import Calibration
+from agents_eval.sim.calibration import KINDS, Calibration
 from agents_eval.sim.config import ClusterConfig, EngineKnobs, Pool
 from agents_eval.sim.run import simulate
 from agents_eval.sim.workload import SimSession, SimTurn, draw_sessions
@@ -24,19 +24,21 @@ SERVICE_S = 0.01
 DISAGGREGATED = {"local_prefill_max_tokens": 0, "local_prefill_max_uncached_share": 0.0, "overlap_weight": 0.0}
 
 
-def _constant_steps(tmp_path: Path) -> str:
-    """A calibration whose every step lasts SERVICE_S, whatever it computes."""
+def _constant_steps(tmp_path: Path, idle_penalty: tuple[tuple[float, float], ...] = ()) -> str:
+    """A calibration whose every step lasts SERVICE_S, whatever it computes (plus the penalty after idling)."""
     path = tmp_path / "constant.json"
-    Calibration("tiny", "float32", {"step": SERVICE_S, "seq": 0.0, "flop": 0.0, "byte": 0.0}).save(path)
+    constant = {"step": SERVICE_S, "seq": 0.0, "linear_flop": 0.0, "attention_flop": 0.0, "byte": 0.0}
+    Calibration("tiny", "float32", dict.fromkeys(KINDS, constant), idle_penalty=idle_penalty).save(path)
     return str(path)
 
 
-def _toy(tmp_path: Path, max_num_seqs: int = 1, **fields: Any) -> ClusterConfig:
+def _toy(tmp_path: Path, max_num_seqs: int = 1, idle_penalty: tuple[tuple[float, float], ...] = (),
+         **fields: Any) -> ClusterConfig:
     pools = (Pool(device="cpu", nodes=1, gpus_per_node=1, tensor_parallel=1, role="prefill"),
              Pool(device="cpu", nodes=1, gpus_per_node=1, tensor_parallel=1, role="decode"))
     return ClusterConfig(name="toy", model="tiny", dtype="float32", pools=pools,
                          engine=EngineKnobs(max_num_seqs=max_num_seqs, max_kv_blocks=4096, prefix_caching=False),
-                         calibration=_constant_steps(tmp_path), capacity=DISAGGREGATED, **fields)
+                         calibration=_constant_steps(tmp_path, idle_penalty), capacity=DISAGGREGATED, **fields)
 
 
 def _poisson_single_turns(rate: float, count: int, seed: int, output_tokens: int = 1) -> list[SimSession]:
@@ -57,6 +59,19 @@ def test_prefill_worker_is_an_md1_queue(tmp_path: Path) -> None:
     waits = [r.ttft_s - SERVICE_S for r in cluster.log.requests]
     assert all(r.prefill_worker == 0 and r.decode_worker == 1 for r in cluster.log.requests)
     assert sum(waits) / len(waits) == pytest.approx(rho * SERVICE_S / (2 * (1 - rho)), rel=0.05)
+
+
+def test_a_worker_pays_the_idle_penalty_on_its_first_step_after_a_gap(tmp_path: Path) -> None:
+    """Two single-step requests 1 s apart on each worker's clock, then a third right behind the second: the
+    first step after each idle gap costs the calibration's penalty for that gap, a step back to back none."""
+    penalty = 0.004
+    sessions = [SimSession(f"s{index}", at, 0, "append", (SimTurn(0.0, 64, 1, "think"),))
+                for index, at in enumerate((1.0, 2.0, 2.0 + SERVICE_S / 2))]
+    cluster, _ = simulate(_toy(tmp_path, idle_penalty=((0.5, penalty),)), sessions)
+    ttfts = [r.ttft_s for r in sorted(cluster.log.requests, key=lambda r: r.arrival_s)]
+    assert ttfts[0] == pytest.approx(SERVICE_S + penalty)  # idle since the run's start
+    assert ttfts[1] == pytest.approx(SERVICE_S + penalty)
+    assert ttfts[2] == pytest.approx(SERVICE_S + penalty - SERVICE_S / 2 + SERVICE_S)  # queued behind, no penalty
 
 
 def _own_methods(cls: type) -> set[str]:
