@@ -88,7 +88,7 @@ class SimWorker:
         waiting += sum(s.num_uncomputed_tokens for s in sched.running if s.num_uncomputed_tokens > 1)
         streams = sum(1 for s in sched.running if s.num_uncomputed_tokens <= 1)
         return WorkerLoad(self.worker_id, self.role, len(sched.running) + len(sched.waiting) + self.incoming,
-                          waiting, streams, self.last_switch_at)
+                          waiting, streams, self.last_switch_at, self.prefill_tokens_per_s)
 
     def notify(self) -> None:
         self._load = None

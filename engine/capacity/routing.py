@@ -8,10 +8,13 @@ request on the worker. Ties go to the lowest worker id.
 
 The turn is then prefilled on that decode worker itself (no KV transfer) when its uncached delta is small:
 below `local_prefill_max_tokens` tokens, or below `local_prefill_max_uncached_share` of the prompt (Dynamo's
-conditional disaggregation), or whatever its size when nothing runs on that decode worker nor on any prefill
-worker: an idle deployment has no interference for disaggregation to avoid, and the KV transfer would only add
-latency. Otherwise the least-loaded prefill worker computes the delta and streams it. With both thresholds 0
-(DistServe) every turn is prefilled remotely, idle or not.
+conditional disaggregation), and, while that worker has streams decoding, short enough at its measured prefill
+rate not to hold them past `local_prefill_max_stall_s` (DistServe's interference: on a slow model a "small"
+delta of 200 tokens is a second of prefill that every stream on the worker waits out); or whatever its size
+when nothing runs on that decode worker nor on any prefill worker: an idle deployment has no interference for
+disaggregation to avoid, and the KV transfer would only add latency. Otherwise the least-loaded prefill worker
+computes the delta and streams it. With both thresholds 0 (DistServe) every turn is prefilled remotely, idle or
+not.
 """
 
 from __future__ import annotations
@@ -81,6 +84,12 @@ def prefill_locally(uncached_tokens: int, prompt_tokens: int, settings: Capacity
     return uncached_tokens / prompt_tokens < settings.local_prefill_max_uncached_share
 
 
+def stalls_decoding(worker: WorkerLoad, uncached_tokens: int, settings: CapacitySettings) -> bool:
+    """Prefilling the delta on this worker would hold its decoding streams past the stall bound."""
+    bound, rate = settings.local_prefill_max_stall_s, worker.prefill_tokens_per_s
+    return bool(bound and worker.decode_streams and rate and uncached_tokens / rate > bound)
+
+
 def idle(worker: WorkerLoad) -> bool:
     return worker.running == 0 and worker.waiting_prefill_tokens == 0
 
@@ -97,12 +106,15 @@ def place(turn: Turn, workers: Sequence[WorkerLoad], settings: CapacitySettings,
     choice = choose_decode_worker(turn, decoders, settings, block_size)
     share = choice.uncached_tokens / turn.prompt_tokens if turn.prompt_tokens else 0.0
     delta = f"{choice.uncached_tokens} uncached of {turn.prompt_tokens} tokens ({share:.0%})"
-    if prefill_locally(choice.uncached_tokens, turn.prompt_tokens, settings):
+    decoder = next(w for w in decoders if w.worker_id == choice.worker_id)
+    small = prefill_locally(choice.uncached_tokens, turn.prompt_tokens, settings)
+    if small and not stalls_decoding(decoder, choice.uncached_tokens, settings):
         return Placement(choice.worker_id, None, True, f"local: {delta} on worker {choice.worker_id}")
     prefillers = [w for w in workers if w.role == PREFILL and w.worker_id != choice.worker_id]
     if not prefillers:
         return Placement(choice.worker_id, None, True, f"local: no prefill worker; {delta}")
-    decoder = next(w for w in decoders if w.worker_id == choice.worker_id)
+    if small:
+        delta += f", too slow to prefill beside worker {choice.worker_id}'s {decoder.decode_streams} streams"
     if conditional(settings) and idle(decoder) and all(idle(w) for w in prefillers):
         return Placement(choice.worker_id, None, True, f"local: nothing running; {delta}")
     prefiller = min(prefillers, key=lambda w: (worker_load(w, block_size), w.worker_id))

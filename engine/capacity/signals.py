@@ -23,6 +23,7 @@ class WorkerLoad:
     waiting_prefill_tokens: int = 0  # prompt tokens queued or mid-prefill on it, not yet computed
     decode_streams: int = 0  # requests past their prefill, decoding on it
     last_switch_at: float | None = None  # when its role last changed; None: never
+    prefill_tokens_per_s: float | None = None  # its measured prefill rate; None until it prefilled
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

@@ -86,3 +86,18 @@ def test_place_without_a_prefill_or_a_decode_worker() -> None:
     assert (only_prefill.decode_worker, only_prefill.local) == (5, True)
     with pytest.raises(ValueError, match="no worker"):
         place(Turn(10), [], SETTINGS, BLOCK)
+
+
+def test_a_small_delta_goes_remote_when_prefilling_it_would_stall_the_decoding_streams() -> None:
+    """64 uncached tokens are small by Dynamo's rule; at 400 tokens/s they hold the decode worker 160 ms, past
+    the 50 ms bound, while it has a stream decoding. Idle, or fast enough, it stays local; 0 lifts the bound."""
+    def holder(streams: int, rate: float | None) -> WorkerLoad:
+        return WorkerLoad(1, DECODE, running=streams, decode_streams=streams, prefill_tokens_per_s=rate)
+
+    slow = place(SESSION_TURN, [prefiller(0, 1), holder(1, 400.0)], SETTINGS, BLOCK)
+    assert (slow.decode_worker, slow.prefill_worker, slow.local) == (1, 0, False)
+    assert "too slow to prefill beside worker 1's 1 streams" in slow.reason
+    for streams, rate in ((0, 400.0), (1, 2000.0), (1, None)):
+        assert place(SESSION_TURN, [prefiller(0, 1), holder(streams, rate)], SETTINGS, BLOCK).local
+    unbounded = CapacitySettings(local_prefill_max_stall_s=0)
+    assert place(SESSION_TURN, [prefiller(0, 1), holder(1, 400.0)], unbounded, BLOCK).local
