@@ -61,7 +61,7 @@ def features(shape: ModelShape, work: StepWork) -> list[float]:
 
 
 def kind(work: StepWork) -> str:
-    return KINDS[0] if work.tokens == work.seqs else KINDS[1]
+    return KINDS[0] if work.decodes_only else KINDS[1]
 
 
 def fit(model: str, dtype: str, samples: list[StepSample], machine: dict[str, object] | None = None,

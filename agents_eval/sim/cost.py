@@ -27,6 +27,11 @@ class StepWork:
     attention_pairs: int = 0  # (query, key) position pairs over all sequences
     context_tokens: int = 0  # KV read: tokens cached before the step, over all sequences
 
+    @property
+    def decodes_only(self) -> bool:
+        """One new token per sequence: no prompt chunk in the step."""
+        return self.tokens == self.seqs
+
     @classmethod
     def of(cls, items: Iterable[tuple[int, int, bool]]) -> StepWork:
         """items: (new tokens, tokens already in KV, samples a token) per sequence in the batch."""

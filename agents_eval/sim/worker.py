@@ -127,7 +127,7 @@ class SimWorker:
     def _account(self, work: StepWork, seconds: float) -> None:
         self.busy_s += seconds
         self.log.steps += 1
-        if work.tokens == work.seqs:
+        if work.decodes_only:
             self.decode_step_s = seconds
         else:
             self.prefill_tokens_per_s = work.tokens / seconds
