@@ -6,11 +6,22 @@ over a cached prefix runs at a rate of its own), fitted by non-negative least sq
 step weighted by 1 / its time, so short decode steps count as much as long prefills). Decode steps (one new
 token per sequence) and steps that compute a prompt chunk are fitted apart (`KINDS`): a decode step is bound
 by reading the weights and the KV, where a sequence more costs almost nothing, a prefill by its matmuls; one
-line through both misses each. The file keeps the samples it was fitted on, so a fit can be checked or redone.
+line through both misses each. The engine's decode step does not grow in a line with its sequences (its matmul
+kernels change shape with the batch: here 2 and 3 sequences run 5-9% under the line, 4 and 5 as much over), so
+each decode batch size the profile ran often enough gets a factor, the median of measured over fitted
+(`decode_batch_factors`, interpolated between sizes and held beyond them). The file keeps the samples it was
+fitted on, so a fit can be checked or redone.
 
 `idle_penalty`: what a worker's first step after an idle gap costs beyond the same step run back to back, as
 (gap seconds, extra seconds) points, interpolated and held beyond the last: on a shared host, other tenants
 evict an idle process's weights from the cache, so the step after a tool gap reads them from memory again.
+
+`co_run_slowdown`: per step kind, how much longer a step takes while another engine process on the host is
+stepping (they share its memory bandwidth and cache); a calibrated cluster's workers all run on the host it
+describes, so each pays it on a step that starts while another is mid-step.
+
+`worker_hop_s`: what a request served by a worker process pays over one served in process: its trip to the
+worker and its first token's trip back (messages over pipes, the coordinator's poll), measured by the profile.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ from agents_eval.sim.specs import ModelShape
 
 FEATURES = ("step", "seq", "linear_flop", "attention_flop", "byte")
 KINDS = ("decode", "prefill")  # a step of decodes only; a step computing a prompt chunk (decodes may join it)
+MIN_BATCH_SAMPLES = 20  # decode steps of one batch size that earn it a factor of its own
 
 
 @dataclass(frozen=True)
@@ -42,6 +54,9 @@ class Calibration:
     machine: dict[str, object] = field(default_factory=dict)
     samples: tuple[StepSample, ...] = ()
     idle_penalty: tuple[tuple[float, float], ...] = ()  # (idle gap s, extra s of the first step after it)
+    decode_batch_factors: tuple[tuple[int, float], ...] = ()  # (sequences, measured / fitted) of decode steps
+    worker_hop_s: float = 0.0
+    co_run_slowdown: dict[str, float] = field(default_factory=dict)  # step kind -> factor
 
     def save(self, path: Path) -> None:
         data = {**asdict(self), "samples": [{**asdict(s.work), "seconds": s.seconds} for s in self.samples]}
@@ -50,7 +65,8 @@ class Calibration:
     @classmethod
     def load(cls, path: Path) -> Calibration:
         data = json.loads(path.read_text())
-        data["idle_penalty"] = tuple(tuple(point) for point in data.get("idle_penalty", ()))
+        for points in ("idle_penalty", "decode_batch_factors"):
+            data[points] = tuple(tuple(point) for point in data.get(points, ()))
         samples = tuple(StepSample(StepWork(**{k: v for k, v in s.items() if k != "seconds"}), s["seconds"])
                         for s in data.pop("samples", []))
         return cls(**data, samples=samples)
@@ -65,10 +81,21 @@ def kind(work: StepWork) -> str:
 
 
 def fit(model: str, dtype: str, samples: list[StepSample], machine: dict[str, object] | None = None,
-        idle_penalty: tuple[tuple[float, float], ...] = ()) -> Calibration:
+        idle_penalty: tuple[tuple[float, float], ...] = (), worker_hop_s: float = 0.0,
+        co_run_slowdown: dict[str, float] | None = None) -> Calibration:
     shape = ModelShape.load(model, dtype)
     coefficients = {name: _fit_kind(shape, [s for s in samples if kind(s.work) == name], name) for name in KINDS}
-    return Calibration(model, dtype, coefficients, machine or {}, tuple(samples), idle_penalty)
+    line = Calibration(model, dtype, coefficients)
+    return Calibration(model, dtype, coefficients, machine or {}, tuple(samples), idle_penalty,
+                       _decode_batch_factors(CalibratedTimer(line), samples), worker_hop_s, co_run_slowdown or {})
+
+
+def _decode_batch_factors(line: CalibratedTimer, samples: list[StepSample]) -> tuple[tuple[int, float], ...]:
+    ratios: dict[int, list[float]] = {}
+    for sample in samples:
+        if kind(sample.work) == KINDS[0]:
+            ratios.setdefault(sample.work.seqs, []).append(sample.seconds / line.step_time(sample.work))
+    return tuple((seqs, float(np.median(r))) for seqs, r in sorted(ratios.items()) if len(r) >= MIN_BATCH_SAMPLES)
 
 
 def _fit_kind(shape: ModelShape, samples: list[StepSample], name: str) -> dict[str, float]:
@@ -102,8 +129,19 @@ class CalibratedTimer:
     def step_time(self, work: StepWork) -> float:
         if not work.tokens:
             return 0.0
-        coefficients = self._coefficients[kind(work)]
-        return float(sum(c * f for c, f in zip(coefficients, features(self._shape, work), strict=True)))
+        step_kind = kind(work)
+        seconds = sum(c * f for c, f in zip(self._coefficients[step_kind], features(self._shape, work), strict=True))
+        return float(seconds * self._batch_factor(work.seqs) if step_kind == KINDS[0] else seconds)
+
+    def co_run_factor(self, work: StepWork) -> float:
+        return self.calibration.co_run_slowdown.get(kind(work), 1.0)
+
+    def _batch_factor(self, seqs: int) -> float:
+        points = self.calibration.decode_batch_factors
+        if not points:
+            return 1.0
+        sizes, factors = zip(*points, strict=True)
+        return float(np.interp(seqs, sizes, factors))
 
     def after_idle_s(self, idle_s: float) -> float:
         points = self.calibration.idle_penalty

@@ -15,7 +15,7 @@ from agents_eval.sim.cost import Link, RooflineTimer, StepTimer
 from agents_eval.sim.records import RunLog
 from agents_eval.sim.specs import DeviceSpec, ModelShape
 from agents_eval.sim.tokens import TokenIds
-from agents_eval.sim.worker import Gpus, SimWorker
+from agents_eval.sim.worker import Gpus, Host, SimWorker
 from engine.batcher import make_queue_policy
 from engine.capacity.signals import DECODE, PREFILL
 from engine.scheduler import Scheduler
@@ -49,6 +49,7 @@ def build_cluster(env: simpy.Environment, config: ClusterConfig) -> Cluster:
     tokens, log, hashes = TokenIds(), RunLog(), BlockHashes()
     workers: list[SimWorker] = []
     links: dict[int, tuple[Link, simpy.Resource]] = {}
+    host = Host() if config.calibration is not None else None  # a calibration describes one host: all share it
     for pool in config.pools:
         device = DeviceSpec.load(pool.device)
         timer = _timer(config, device, shape, pool)
@@ -58,7 +59,7 @@ def build_cluster(env: simpy.Environment, config: ClusterConfig) -> Cluster:
             role = PREFILL if pool.role == PREFILL else DECODE  # a colocated worker decodes and prefills locally
             scheduler = _scheduler(config, shape, device, pool, hashes)
             workers.append(SimWorker(env, worker_id, role, scheduler, timer, Gpus(pool.device, pool.tensor_parallel),
-                                     tokens, log))
+                                     tokens, log, host))
             link = Link(config.node_link_bandwidth / per_node, transport.efficiency, transport.latency_s)
             links[worker_id] = (link, simpy.Resource(env, capacity=1))
     return Cluster(env, config, shape, workers, links, tokens, log)

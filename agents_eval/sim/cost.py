@@ -79,6 +79,9 @@ class StepTimer(Protocol):
     def after_idle_s(self, idle_s: float) -> float:
         """Extra seconds of a worker's first step after `idle_s` seconds without work."""
 
+    def co_run_factor(self, work: StepWork) -> float:
+        """How much longer the step takes while another worker on the same host is mid-step."""
+
 
 @dataclass(frozen=True)
 class RooflineTimer:
@@ -96,6 +99,9 @@ class RooflineTimer:
 
     def after_idle_s(self, idle_s: float) -> float:
         return 0.0  # a datasheet has no figure for it; a calibration measures it
+
+    def co_run_factor(self, work: StepWork) -> float:
+        return 1.0  # a roofline worker owns its GPUs
 
     def all_reduce_s(self, tokens: int) -> float:
         """Two ring all-reduces of the hidden states per layer (after attention and after the MLP)."""

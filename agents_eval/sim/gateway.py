@@ -83,14 +83,27 @@ class Gateway:
         session = SessionRef(session_id, config.session_ttl_s) if config.session_ttl_s else None
         if placement.prefill_worker is None:
             seq = SimSequence(record.request_id, prompt, params, arrival_time=env.now, session=session)
-            self.cluster.by_id(placement.decode_worker).submit(seq, record)
+            self._dispatch(self.cluster.by_id(placement.decode_worker), seq, record)
         else:
             seq = SimSequence(record.request_id, prompt, params, arrival_time=env.now, prefill_only=True)
             self.cluster.by_id(placement.decode_worker).incoming += 1
-            self.cluster.by_id(placement.prefill_worker).submit(seq, record)
+            self._dispatch(self.cluster.by_id(placement.prefill_worker), seq, record)
         self.live.add(record)
         record.done.callbacks.append(lambda _: self._finished(record))
         return record
+
+    def _dispatch(self, worker: SimWorker, seq: SimSequence, record: RequestRecord) -> None:
+        if not self.cluster.config.dispatch_s:
+            worker.submit(seq, record)
+            return
+        worker.incoming += 1  # counted on its worker while on its way, as the coordinator counts it
+        self.cluster.env.process(self._after_hop(worker, seq, record))
+
+    def _after_hop(self, worker: SimWorker, seq: SimSequence, record: RequestRecord
+                   ) -> Generator[simpy.Event, Any, None]:
+        yield self.cluster.env.timeout(self.cluster.config.dispatch_s)
+        worker.incoming -= 1
+        worker.submit(seq, record)
 
     def _observe(self, record: RequestRecord, gap_s: float, phase: str) -> None:
         if self.forecaster is not None:

@@ -6,8 +6,12 @@ Rounds of requests with random token ids (prompt lengths and batch sizes from th
 scheduler (the sequences it scheduled and their cached tokens) and timed around `LLMEngine.step`. Then agent
 turns: a delta of a few to a hundred tokens on a cached prefix (the previous request's prompt), one or several
 together, and the same turn joining requests that are decoding (one step mixing its chunk with their tokens,
-as a busy engine runs it). Last, the idle penalty: the same cached-prefix turn after idle gaps of `IDLE_GAPS_S`,
-its first step against the same turn run back to back.
+as a busy engine runs it). Then the idle penalty: the same cached-prefix turn after idle gaps of `IDLE_GAPS_S`,
+its first step against the same turn run back to back. Then the co-run slowdown: a set of
+fresh-prompt rounds timed alone and again beside a second engine process decoding four streams (two workers of
+a deployment on one host share its memory bandwidth and cache), per step kind. Last, the worker hop: the TTFT
+of a short one-token request through a worker process (the colocated engine process, stepped as the validation
+steps the disaggregated one) against the same request in process.
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ import random
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from agents_eval.sim.calibration import StepSample, fit
+from agents_eval.sim.calibration import StepSample, fit, kind
 from agents_eval.sim.cost import StepWork
+from agents_eval.sim.real_runs import POLL_S
 from engine.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -37,6 +43,17 @@ DECODERS = (1, 2, 4)  # requests decoding while a turn arrives
 IDLE_GAPS_S = (0.25, 0.5, 1.0, 2.0, 4.0)
 IDLE_REPEATS = 5
 IDLE_TURN = (512, 8)  # (cached prefix, delta) of the turn timed after each gap
+HOP_PROMPT_TOKENS, HOP_REPEATS = 16, 20
+CO_RUN_ROUNDS = ((512, 1), (128, 4), (1024, 1))  # (prompt tokens, requests) timed alone and beside a neighbour
+NEIGHBOUR_STREAMS, NEIGHBOUR_PROMPT_TOKENS = 4, 256
+
+
+@dataclass(frozen=True)
+class Profile:
+    samples: list[StepSample]
+    idle_penalty: tuple[tuple[float, float], ...]  # (gap seconds, extra seconds) points
+    worker_hop_s: float
+    co_run_slowdown: dict[str, float]  # per step kind: seconds beside a busy neighbour over seconds alone
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,17 +67,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     from agents_eval.report import machine_info
 
-    samples, idle_penalty = profile_engine(args.model, args.max_tokens, args.seed)
-    calibration = fit(args.model, "float32", samples, machine_info(), idle_penalty)
+    measured = profile_engine(args.model, args.max_tokens, args.seed)
+    calibration = fit(args.model, "float32", measured.samples, machine_info(), measured.idle_penalty,
+                      measured.worker_hop_s, measured.co_run_slowdown)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     calibration.save(args.out)
-    print(f"{len(samples)} steps; coefficients {calibration.coefficients}; idle penalty {idle_penalty}; "
-          f"wrote {args.out}")
+    print(f"{len(measured.samples)} steps; coefficients {calibration.coefficients}; decode batch factors "
+          f"{calibration.decode_batch_factors}; idle penalty {measured.idle_penalty}; worker hop "
+          f"{1000 * measured.worker_hop_s:.2f} ms; co-run slowdown {measured.co_run_slowdown}; wrote {args.out}")
 
 
-def profile_engine(model: str, max_tokens: int, seed: int
-                   ) -> tuple[list[StepSample], tuple[tuple[float, float], ...]]:
-    """The step samples, and the idle penalty as (gap seconds, extra seconds) points."""
+def profile_engine(model: str, max_tokens: int, seed: int) -> Profile:
     from engine.config import EngineSettings
     from engine.llm_engine import LLMEngine
 
@@ -79,7 +96,9 @@ def profile_engine(model: str, max_tokens: int, seed: int
                 samples += _round(engine, [h + _tokens(engine, rng, delta) for h in histories], max_tokens)
             for decoders in DECODERS:
                 samples += _joining_round(engine, rng, prefix, delta, decoders, max_tokens)
-    return samples, idle_penalty(engine, rng, max_tokens)
+    penalty = idle_penalty(engine, rng, max_tokens)
+    slowdown = co_run_slowdown(model, engine, rng, max_tokens)
+    return Profile(samples, penalty, worker_hop_s(model, engine, rng), slowdown)
 
 
 def _joining_round(engine: LLMEngine, rng: random.Random, prefix: int, delta: int, decoders: int,
@@ -109,7 +128,81 @@ def idle_penalty(engine: LLMEngine, rng: random.Random, max_tokens: int) -> tupl
                  for gap in IDLE_GAPS_S)
 
 
-def _tokens(engine: LLMEngine, rng: random.Random, count: int) -> list[int]:
+def co_run_slowdown(model: str, engine: LLMEngine, rng: random.Random, max_tokens: int) -> dict[str, float]:
+    """Per step kind, the CO_RUN_ROUNDS' steps beside a neighbour process decoding over the same steps alone
+    (the rounds run the same shapes each time, so their steps pair up)."""
+    import multiprocessing as mp
+
+    def rounds() -> list[StepSample]:
+        return [s for length, size in CO_RUN_ROUNDS
+                for s in _round(engine, [_tokens(engine, rng, length) for _ in range(size)], max_tokens)]
+
+    rounds()  # warm
+    alone = rounds()
+    context = mp.get_context("spawn")
+    ready, stop = context.Event(), context.Event()
+    neighbour = context.Process(target=_decode_until, args=(model, ready, stop), daemon=True)
+    neighbour.start()
+    try:
+        if not ready.wait(120):
+            raise RuntimeError("the co-run neighbour did not start decoding within 120 s")
+        beside = rounds()
+    finally:
+        stop.set()
+        neighbour.join(30)
+    totals: dict[str, list[float]] = {}
+    for lone, paired in zip(alone, beside, strict=True):
+        sums = totals.setdefault(kind(lone.work), [0.0, 0.0])
+        sums[0], sums[1] = sums[0] + lone.seconds, sums[1] + paired.seconds
+    return {name: beside_s / alone_s for name, (alone_s, beside_s) in totals.items()}
+
+
+def _decode_until(model: str, ready: Any, stop: Any) -> None:
+    """The neighbour: one engine (one thread) decoding NEIGHBOUR_STREAMS long replies until told to stop."""
+    from engine.config import EngineSettings
+    from engine.llm_engine import LLMEngine
+
+    engine, rng = LLMEngine(model, EngineSettings(num_threads=1)), random.Random(1)
+    while not stop.is_set():
+        while len(engine.scheduler.running) + len(engine.scheduler.waiting) < NEIGHBOUR_STREAMS:
+            engine.add_request(_tokens(engine, rng, NEIGHBOUR_PROMPT_TOKENS), _params(256))
+        engine.step()
+        if not ready.is_set() and all(s.num_computed_tokens >= s.num_prompt_tokens for s in engine.scheduler.running):
+            ready.set()
+
+
+def worker_hop_s(model: str, in_process: LLMEngine, rng: random.Random) -> float:
+    """The median TTFT of a short one-token request through a worker process less the same in process, each
+    run back to back (no idle penalty in either)."""
+    import functools
+
+    from engine.config import EngineSettings
+    from engine.worker.coordinator import colocated_engine
+
+    local = _median_ttft(in_process, in_process.step, rng)
+    engine = colocated_engine(model, EngineSettings(num_threads=1))
+    try:
+        _median_ttft(engine, functools.partial(engine.step, timeout_s=POLL_S), rng)  # its first passes, untimed
+        remote = _median_ttft(engine, functools.partial(engine.step, timeout_s=POLL_S), rng)
+    finally:
+        engine.shutdown()
+    return max(0.0, remote - local)
+
+
+def _median_ttft(engine: Any, step: Callable[[], list[Any]], rng: random.Random) -> float:
+    ttfts = []
+    for _ in range(HOP_REPEATS):
+        started = time.perf_counter()
+        engine.add_request(_tokens(engine, rng, HOP_PROMPT_TOKENS), _params(1))
+        while not any(out.new_token_ids for out in step()):
+            pass
+        ttfts.append(time.perf_counter() - started)
+        while engine.has_unfinished():
+            step()
+    return statistics.median(ttfts)
+
+
+def _tokens(engine: Any, rng: random.Random, count: int) -> list[int]:
     return [rng.randrange(3, engine.config.vocab_size) for _ in range(count)]
 
 

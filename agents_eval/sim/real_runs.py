@@ -16,6 +16,8 @@ from agents_eval.sim.workload import SimSession
 from engine.sampling import SamplingParams
 from engine.sequence import SessionRef
 
+POLL_S = 0.002  # a worker-process engine's step waits at most this for its workers: a due turn waits no longer
+
 
 @dataclass
 class _Live:

@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 
 from agents_eval.report import Table
+from agents_eval.sim.calibration import Calibration
 from agents_eval.sim.config import ClusterConfig, EngineKnobs, Pool
-from agents_eval.sim.real_runs import play
+from agents_eval.sim.real_runs import POLL_S, play
 from agents_eval.sim.run import simulate
 from agents_eval.sim.workload import SimSession, from_workload
 from agents_eval.workloads import swe
@@ -37,8 +38,10 @@ def cpu_cluster(deployment: str, calibration: Path, model: str) -> ClusterConfig
     knobs = EngineKnobs(block_size=settings.block_size, max_num_batched_tokens=settings.max_num_batched_tokens,
                         max_num_seqs=settings.max_num_seqs, queue_policy=settings.queue_policy,
                         max_kv_blocks=num_kv_blocks(resolve_model(model).config, settings))
+    hop_s = Calibration.load(calibration).worker_hop_s if len(roles) > 1 else 0.0  # colocated: LLMEngine in process
     return ClusterConfig(name=deployment, model=model, dtype="float32", pools=pools, engine=knobs, transport="shm",
-                         calibration=str(calibration), session_ttl_s=TTL_S, controller=len(roles) > 1)
+                         calibration=str(calibration), session_ttl_s=TTL_S, controller=len(roles) > 1,
+                         dispatch_s=hop_s)
 
 
 def measure(deployment: str, sessions: list[SimSession], model: str) -> list[tuple[float, float]]:
@@ -54,7 +57,7 @@ def measure(deployment: str, sessions: list[SimSession], model: str) -> list[tup
         from engine.worker.deployment import DeploymentSettings
 
         engine = DisaggregatedEngine(model, EngineSettings(), DeploymentSettings(prefill=1, decode=1, transport="shm"))
-        step = functools.partial(engine.step, timeout_s=0.002)  # a due turn waits at most this for the next poll
+        step = functools.partial(engine.step, timeout_s=POLL_S)
     try:
         warm_up(engine)
         return play(engine, sessions, engine.config.vocab_size, TTL_S, step=step)

@@ -25,6 +25,14 @@ Handoff = Callable[["SimWorker", SimSequence, RequestRecord, HeldBlocks], None]
 
 
 @dataclass
+class Host:
+    """The machine workers share: how many of them are mid-step (a calibrated cluster's workers all run on the
+    host its calibration describes; a roofline worker has a host of its own)."""
+
+    stepping: int = 0
+
+
+@dataclass
 class Gpus:
     """What the worker runs on: its device kind and how many (its tensor-parallel group)."""
 
@@ -34,8 +42,9 @@ class Gpus:
 
 class SimWorker:
     def __init__(self, env: simpy.Environment, worker_id: int, role: str, scheduler: Scheduler,
-                 timer: StepTimer, gpus: Gpus, tokens: TokenIds, log: RunLog) -> None:
+                 timer: StepTimer, gpus: Gpus, tokens: TokenIds, log: RunLog, host: Host | None = None) -> None:
         self.env, self.worker_id, self.role = env, worker_id, role
+        self.host = host or Host()
         self.scheduler, self.timer, self.gpus, self.tokens, self.log = scheduler, timer, gpus, tokens, log
         self.last_switch_at: float | None = None
         self.records: dict[str, RequestRecord] = {}
@@ -109,7 +118,11 @@ class SimWorker:
             work = StepWork.of(zip(batch.num_new_tokens, (s.num_computed_tokens for s in batch.seqs), samples,
                                    strict=True))
             seconds = self.timer.step_time(work) + self._after_idle_s()
+            if self.host.stepping:
+                seconds *= self.timer.co_run_factor(work)
+            self.host.stepping += 1
             yield self.env.timeout(seconds)
+            self.host.stepping -= 1
             self._account(work, seconds)
             sampled = {s.request_id: self.tokens.one() for s, hit in zip(batch.seqs, samples, strict=True) if hit}
             self.scheduler.update(batch, sampled)

@@ -8,7 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from agents_eval.sim.calibration import FEATURES, KINDS, CalibratedTimer, Calibration, StepSample, features, fit, kind
+from agents_eval.sim.calibration import (
+    FEATURES,
+    KINDS,
+    MIN_BATCH_SAMPLES,
+    CalibratedTimer,
+    Calibration,
+    StepSample,
+    features,
+    fit,
+    kind,
+)
 from agents_eval.sim.cost import StepWork
 from agents_eval.sim.specs import ModelShape
 
@@ -83,3 +93,29 @@ def test_a_calibration_of_other_features_is_refused(tmp_path: Path) -> None:
                                 "coefficients": {"step": 1e-3, "seq": 0.0, "flop": 1e-11, "byte": 0.0}}))
     with pytest.raises(ValueError, match="rerun `agentserve profile`"):
         CalibratedTimer(Calibration.load(path))
+
+
+def test_each_decode_batch_size_profiled_often_gets_the_median_factor_off_the_line(tmp_path: Path) -> None:
+    """Decodes of 2 sequences run 10% under the fitted line, of 4 sequences 10% over: each size seen at least
+    MIN_BATCH_SAMPLES times gets its median factor, sizes between are interpolated, beyond held; a size seen
+    less often gets none of its own, and prefill steps none at all."""
+    rng, samples = random.Random(1), list[StepSample]()
+    for seqs, factor, count in ((1, 1.0, 30), (2, 0.9, 30), (4, 1.1, 30), (8, 1.0, MIN_BATCH_SAMPLES - 1)):
+        for _ in range(count):
+            work = StepWork.of([(1, rng.randint(0, 1024), True)] * seqs)
+            samples.append(StepSample(work, _seconds(work) * factor))
+    samples += [s for s in _samples() if kind(s.work) == "prefill"]
+    calibration = fit("tiny", "float32", samples)
+    assert [seqs for seqs, _ in calibration.decode_batch_factors] == [1, 2, 4]
+    path = tmp_path / "calibration.json"
+    calibration.save(path)
+    timer = CalibratedTimer(Calibration.load(path))
+    line = CalibratedTimer(Calibration("tiny", "float32", calibration.coefficients))
+    factor = {seqs: timer.step_time(w) / line.step_time(w) for seqs in (1, 2, 3, 4, 16)
+              for w in [StepWork.of([(1, 500, True)] * seqs)]}
+    two, four = dict(calibration.decode_batch_factors)[2], dict(calibration.decode_batch_factors)[4]
+    assert two < 0.97 and four > 1.03  # the sizes' own departures from the one line through all
+    assert factor[2] == pytest.approx(two) and factor[4] == pytest.approx(four)
+    assert factor[3] == pytest.approx((two + four) / 2) and factor[16] == pytest.approx(four)
+    prefill = StepWork.of([(64, 100, True), (1, 100, True)])
+    assert timer.step_time(prefill) == line.step_time(prefill)

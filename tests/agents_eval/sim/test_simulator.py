@@ -24,11 +24,14 @@ SERVICE_S = 0.01
 DISAGGREGATED = {"local_prefill_max_tokens": 0, "local_prefill_max_uncached_share": 0.0, "overlap_weight": 0.0}
 
 
-def _constant_steps(tmp_path: Path, idle_penalty: tuple[tuple[float, float], ...] = ()) -> str:
-    """A calibration whose every step lasts SERVICE_S, whatever it computes (plus the penalty after idling)."""
+def _constant_steps(tmp_path: Path, idle_penalty: tuple[tuple[float, float], ...] = (),
+                    co_run_slowdown: dict[str, float] | None = None) -> str:
+    """A calibration whose every step lasts SERVICE_S, whatever it computes (plus the penalty after idling, and
+    times the slowdown beside another worker's step)."""
     path = tmp_path / "constant.json"
     constant = {"step": SERVICE_S, "seq": 0.0, "linear_flop": 0.0, "attention_flop": 0.0, "byte": 0.0}
-    Calibration("tiny", "float32", dict.fromkeys(KINDS, constant), idle_penalty=idle_penalty).save(path)
+    Calibration("tiny", "float32", dict.fromkeys(KINDS, constant), idle_penalty=idle_penalty,
+                co_run_slowdown=co_run_slowdown or {}).save(path)
     return str(path)
 
 
@@ -72,6 +75,36 @@ def test_a_worker_pays_the_idle_penalty_on_its_first_step_after_a_gap(tmp_path: 
     assert ttfts[0] == pytest.approx(SERVICE_S + penalty)  # idle since the run's start
     assert ttfts[1] == pytest.approx(SERVICE_S + penalty)
     assert ttfts[2] == pytest.approx(SERVICE_S + penalty - SERVICE_S / 2 + SERVICE_S)  # queued behind, no penalty
+
+
+def test_a_request_to_a_worker_process_pays_the_dispatch_hop_before_its_worker_has_it(tmp_path: Path) -> None:
+    """Two single-step requests half a step apart: each TTFT carries the hop, and the second, reaching the
+    worker while the first's step runs, queues behind it as it would without the hop."""
+    hop = 0.003
+    sessions = [SimSession(f"s{index}", at, 0, "append", (SimTurn(0.0, 64, 1, "think"),))
+                for index, at in enumerate((1.0, 1.0 + SERVICE_S / 2))]
+    cluster, _ = simulate(_toy(tmp_path, dispatch_s=hop), sessions)
+    ttfts = [r.ttft_s for r in sorted(cluster.log.requests, key=lambda r: r.arrival_s)]
+    assert ttfts[0] == pytest.approx(hop + SERVICE_S)
+    assert ttfts[1] == pytest.approx(hop + SERVICE_S / 2 + SERVICE_S)
+    with pytest.raises(ValueError, match="greater than or equal to 0"):
+        _toy(tmp_path, dispatch_s=-0.001)
+
+
+def test_a_step_that_starts_beside_another_workers_step_pays_the_co_run_slowdown(tmp_path: Path) -> None:
+    """Two colocated workers on the calibrated host, two single-step requests at once (one on each, by load),
+    then a third once both are idle: the second step starts while the first runs and pays the prefill factor;
+    the others run alone."""
+    pools = (Pool(device="cpu", nodes=2, gpus_per_node=1, tensor_parallel=1, role="colocated"),)
+    config = ClusterConfig(name="host", model="tiny", dtype="float32", pools=pools,
+                           engine=EngineKnobs(max_kv_blocks=4096, prefix_caching=False),
+                           calibration=_constant_steps(tmp_path, co_run_slowdown={"prefill": 1.5, "decode": 3.0}))
+    sessions = [SimSession(f"s{index}", at, 0, "append", (SimTurn(0.0, 64, 1, "think"),))
+                for index, at in enumerate((1.0, 1.0, 2.0))]
+    cluster, _ = simulate(config, sessions)
+    requests = sorted(cluster.log.requests, key=lambda r: (r.arrival_s, r.ttft_s))
+    assert {r.decode_worker for r in requests[:2]} == {0, 1}
+    assert [r.ttft_s for r in requests] == pytest.approx([SERVICE_S, 1.5 * SERVICE_S, SERVICE_S])
 
 
 def _own_methods(cls: type) -> set[str]:
