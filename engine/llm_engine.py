@@ -161,7 +161,7 @@ class LLMEngine:
         block_tables = [self.kv.block_ids(s.request_id) for s in batch.seqs]
         layer_done = None if on_layer is None else functools.partial(on_layer, batch)
         result = self.runner.execute(batch, block_tables, layer_done)
-        self.step_timer.observe(time.monotonic() - started, _prefill_tokens(batch))
+        self.step_timer.observe(time.monotonic() - started, batch.prompt_tokens)
         self.scheduler.update(batch, result.sampled)
         outputs = []
         for seq in batch.seqs:
@@ -272,12 +272,6 @@ def run_to_completion(engine: SteppedEngine, prompts: Seq[Prompt],
         for out in engine.step():
             results[out.request_id].add(out)
     return [results[i] for i in ids]
-
-
-def _prefill_tokens(batch: ScheduledBatch) -> int:
-    """Tokens of the batch that are prompt, not one decode token per running stream (before update())."""
-    return sum(n for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True)
-               if seq.num_computed_tokens < seq.num_prompt_tokens)
 
 
 def _tuple(token_id: int | None) -> tuple[int, ...]:

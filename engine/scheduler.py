@@ -36,6 +36,12 @@ class ScheduledBatch:
     def num_tokens(self) -> int:
         return sum(self.num_new_tokens)
 
+    @property
+    def prompt_tokens(self) -> int:
+        """Tokens of the batch that are prompt, not one decode token per running stream (before update())."""
+        return sum(n for seq, n in zip(self.seqs, self.num_new_tokens, strict=True)
+                   if seq.num_computed_tokens < seq.num_prompt_tokens)
+
     def samples(self, index: int) -> bool:
         """Whether this step computes the sequence's last known token, so a new token is sampled."""
         seq = self.seqs[index]

@@ -20,6 +20,7 @@ from agents_eval.sim.tokens import SimSequence, TokenIds
 from engine.block_manager import HeldBlocks
 from engine.capacity.signals import WorkerLoad
 from engine.scheduler import ScheduledBatch, Scheduler
+from engine.stats import StepTimer as StepRates
 
 Handoff = Callable[["SimWorker", SimSequence, RequestRecord, HeldBlocks], None]
 
@@ -52,12 +53,19 @@ class SimWorker:
         self._incoming = 0  # requests routed here whose KV is still on the link
         self._load: WorkerLoad | None = None  # cached until the worker's state changes
         self.busy_s = 0.0
-        self.decode_step_s: float | None = None  # latest decode-only step time
-        self.prefill_tokens_per_s: float | None = None  # of the latest step that computed a prompt chunk
+        self.rates = StepRates()  # the engine's own averages of its step times, as a real worker reports them
         # when it last ran out of work (None: working); a run starts warm, as the real runs after their warm-up
         self._idle_since: float | None = env.now
         self._wake = env.event()
         env.process(self._run())
+
+    @property
+    def decode_step_s(self) -> float | None:
+        return self.rates.decode_step_s or None
+
+    @property
+    def prefill_tokens_per_s(self) -> float | None:
+        return self.rates.prefill_tokens_per_s or None
 
     @property
     def incoming(self) -> int:
@@ -123,7 +131,7 @@ class SimWorker:
             self.host.stepping += 1
             yield self.env.timeout(seconds)
             self.host.stepping -= 1
-            self._account(work, seconds)
+            self._account(batch, seconds)
             sampled = {s.request_id: self.tokens.one() for s, hit in zip(batch.seqs, samples, strict=True) if hit}
             self.scheduler.update(batch, sampled)
             self._load = None
@@ -137,13 +145,10 @@ class SimWorker:
         idle_s, self._idle_since = self.env.now - self._idle_since, None
         return self.timer.after_idle_s(idle_s)
 
-    def _account(self, work: StepWork, seconds: float) -> None:
+    def _account(self, batch: ScheduledBatch, seconds: float) -> None:
         self.busy_s += seconds
         self.log.steps += 1
-        if work.decodes_only:
-            self.decode_step_s = seconds
-        else:
-            self.prefill_tokens_per_s = work.tokens / seconds
+        self.rates.observe(seconds, batch.prompt_tokens)
 
     def _token(self, seq: SimSequence) -> None:
         record, now = self.records[seq.request_id], self.env.now

@@ -10,7 +10,9 @@ The turn is then prefilled on that decode worker itself (no KV transfer) when it
 below `local_prefill_max_tokens` tokens, or below `local_prefill_max_uncached_share` of the prompt (Dynamo's
 conditional disaggregation), and, while that worker has streams decoding, short enough at its measured prefill
 rate not to hold them past `local_prefill_max_stall_s` (DistServe's interference: on a slow model a "small"
-delta of 200 tokens is a second of prefill that every stream on the worker waits out); or whatever its size
+delta of 200 tokens is a second of prefill that every stream on the worker waits out), unless sparing them
+costs more waiting than it spares: a prefill worker that lacks the history computes all of it, so the turn
+stays local when that would take longer than the stall times the streams it holds; or whatever its size
 when nothing runs on that decode worker nor on any prefill worker: an idle deployment has no interference for
 disaggregation to avoid, and the KV transfer would only add latency. Otherwise the least-loaded prefill worker
 computes the delta and streams it. With both thresholds 0 (DistServe) every turn is prefilled remotely, idle or
@@ -90,6 +92,16 @@ def stalls_decoding(worker: WorkerLoad, uncached_tokens: int, settings: Capacity
     return bool(bound and worker.decode_streams and rate and uncached_tokens / rate > bound)
 
 
+def sparing_pays(turn: Turn, decoder: WorkerLoad, prefiller: WorkerLoad, uncached_tokens: int) -> bool:
+    """Prefilling on `prefiller` delays this turn by what that worker lacks of the prompt, at its rate (the
+    decode worker's where it has none yet), for no longer than prefilling locally would delay the decode worker's
+    streams: the delta's prefill time, once per stream (only called when the delta stalls them)."""
+    rate = decoder.prefill_tokens_per_s
+    assert rate, "a stall is only measured at a known prefill rate"
+    remote_s = turn.uncached_on(prefiller.worker_id) / (prefiller.prefill_tokens_per_s or rate)
+    return remote_s <= decoder.decode_streams * uncached_tokens / rate
+
+
 def idle(worker: WorkerLoad) -> bool:
     return worker.running == 0 and worker.waiting_prefill_tokens == 0
 
@@ -113,10 +125,13 @@ def place(turn: Turn, workers: Sequence[WorkerLoad], settings: CapacitySettings,
     prefillers = [w for w in workers if w.role == PREFILL and w.worker_id != choice.worker_id]
     if not prefillers:
         return Placement(choice.worker_id, None, True, f"local: no prefill worker; {delta}")
+    prefiller = min(prefillers, key=lambda w: (worker_load(w, block_size), w.worker_id))
+    if small and not sparing_pays(turn, decoder, prefiller, choice.uncached_tokens):
+        return Placement(choice.worker_id, None, True, f"local: {delta}; prefill worker {prefiller.worker_id} "
+                         f"would compute {turn.uncached_on(prefiller.worker_id)}, longer than the stall it spares")
     if small:
         delta += f", too slow to prefill beside worker {choice.worker_id}'s {decoder.decode_streams} streams"
     if conditional(settings) and idle(decoder) and all(idle(w) for w in prefillers):
         return Placement(choice.worker_id, None, True, f"local: nothing running; {delta}")
-    prefiller = min(prefillers, key=lambda w: (worker_load(w, block_size), w.worker_id))
     return Placement(choice.worker_id, prefiller.worker_id, False,
                      f"remote: {delta}, prefill on worker {prefiller.worker_id}, decode on {choice.worker_id}")

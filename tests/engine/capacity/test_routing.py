@@ -88,16 +88,33 @@ def test_place_without_a_prefill_or_a_decode_worker() -> None:
         place(Turn(10), [], SETTINGS, BLOCK)
 
 
+def holder(streams: int, rate: float | None) -> WorkerLoad:
+    return WorkerLoad(1, DECODE, running=streams, decode_streams=streams, prefill_tokens_per_s=rate)
+
+
+SHARED_TURN = Turn(1024, "session-a", {1: 960, 0: 960})  # the prefill worker holds the history too
+
+
 def test_a_small_delta_goes_remote_when_prefilling_it_would_stall_the_decoding_streams() -> None:
     """64 uncached tokens are small by Dynamo's rule; at 400 tokens/s they hold the decode worker 160 ms, past
     the 50 ms bound, while it has a stream decoding. Idle, or fast enough, it stays local; 0 lifts the bound."""
-    def holder(streams: int, rate: float | None) -> WorkerLoad:
-        return WorkerLoad(1, DECODE, running=streams, decode_streams=streams, prefill_tokens_per_s=rate)
-
-    slow = place(SESSION_TURN, [prefiller(0, 1), holder(1, 400.0)], SETTINGS, BLOCK)
+    slow = place(SHARED_TURN, [prefiller(0, 1), holder(1, 400.0)], SETTINGS, BLOCK)
     assert (slow.decode_worker, slow.prefill_worker, slow.local) == (1, 0, False)
     assert "too slow to prefill beside worker 1's 1 streams" in slow.reason
     for streams, rate in ((0, 400.0), (1, 2000.0), (1, None)):
-        assert place(SESSION_TURN, [prefiller(0, 1), holder(streams, rate)], SETTINGS, BLOCK).local
+        assert place(SHARED_TURN, [prefiller(0, 1), holder(streams, rate)], SETTINGS, BLOCK).local
     unbounded = CapacitySettings(local_prefill_max_stall_s=0)
-    assert place(SESSION_TURN, [prefiller(0, 1), holder(1, 400.0)], unbounded, BLOCK).local
+    assert place(SHARED_TURN, [prefiller(0, 1), holder(1, 400.0)], unbounded, BLOCK).local
+
+
+@pytest.mark.parametrize("streams, remote", [(1, False), (15, False), (17, True)])
+def test_a_stalling_delta_stays_local_when_the_prefill_worker_would_recompute_the_history(streams: int,
+                                                                                           remote: bool) -> None:
+    """The prefill worker lacks all 1,024 tokens: 2.56 s there at 400 tokens/s, against a 160 ms stall per
+    decoding stream here; remote only once more than 16 streams would wait it out."""
+    placement = place(SESSION_TURN, [prefiller(0, 1), holder(streams, 400.0)], SETTINGS, BLOCK)
+    assert placement.local is not remote
+    if not remote:
+        assert placement.reason.endswith("would compute 1024, longer than the stall it spares")
+    faster = WorkerLoad(0, PREFILL, running=1, prefill_tokens_per_s=8000.0)  # 128 ms for the whole prompt
+    assert not place(SESSION_TURN, [faster, holder(1, 400.0)], SETTINGS, BLOCK).local
