@@ -21,7 +21,9 @@ stepping (they share its memory bandwidth and cache); a calibrated cluster's wor
 describes, so each pays it on a step that starts while another is mid-step.
 
 `worker_hop_s`: what a request served by a worker process pays over one served in process: its trip to the
-worker and its first token's trip back (messages over pipes, the coordinator's poll), measured by the profile.
+worker and its first token's trip back (messages over pipes, the coordinator's poll), measured by the profile;
+`worker_idle_penalty`: the idle penalty of a worker process, which pays more than the in-process engine to
+wake from its wait. A cluster of worker processes (`ClusterConfig.worker_processes`) pays both.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class Calibration:
     idle_penalty: tuple[tuple[float, float], ...] = ()  # (idle gap s, extra s of the first step after it)
     decode_batch_factors: tuple[tuple[int, float], ...] = ()  # (sequences, measured / fitted) of decode steps
     worker_hop_s: float = 0.0
+    worker_idle_penalty: tuple[tuple[float, float], ...] = ()
     co_run_slowdown: dict[str, float] = field(default_factory=dict)  # step kind -> factor
 
     def save(self, path: Path) -> None:
@@ -65,7 +68,7 @@ class Calibration:
     @classmethod
     def load(cls, path: Path) -> Calibration:
         data = json.loads(path.read_text())
-        for points in ("idle_penalty", "decode_batch_factors"):
+        for points in ("idle_penalty", "decode_batch_factors", "worker_idle_penalty"):
             data[points] = tuple(tuple(point) for point in data.get(points, ()))
         samples = tuple(StepSample(StepWork(**{k: v for k, v in s.items() if k != "seconds"}), s["seconds"])
                         for s in data.pop("samples", []))
@@ -82,12 +85,14 @@ def kind(work: StepWork) -> str:
 
 def fit(model: str, dtype: str, samples: list[StepSample], machine: dict[str, object] | None = None,
         idle_penalty: tuple[tuple[float, float], ...] = (), worker_hop_s: float = 0.0,
+        worker_idle_penalty: tuple[tuple[float, float], ...] = (),
         co_run_slowdown: dict[str, float] | None = None) -> Calibration:
     shape = ModelShape.load(model, dtype)
     coefficients = {name: _fit_kind(shape, [s for s in samples if kind(s.work) == name], name) for name in KINDS}
     line = Calibration(model, dtype, coefficients)
     return Calibration(model, dtype, coefficients, machine or {}, tuple(samples), idle_penalty,
-                       _decode_batch_factors(CalibratedTimer(line), samples), worker_hop_s, co_run_slowdown or {})
+                       _decode_batch_factors(CalibratedTimer(line), samples), worker_hop_s, worker_idle_penalty,
+                       co_run_slowdown or {})
 
 
 def _decode_batch_factors(line: CalibratedTimer, samples: list[StepSample]) -> tuple[tuple[int, float], ...]:
@@ -121,8 +126,10 @@ def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 class CalibratedTimer:
-    def __init__(self, calibration: Calibration) -> None:
+    def __init__(self, calibration: Calibration, worker_process: bool = False) -> None:
+        """worker_process: time a worker process (its idle penalty) rather than the in-process engine."""
         self.calibration = calibration
+        self._idle_penalty = calibration.worker_idle_penalty if worker_process else calibration.idle_penalty
         self._shape = ModelShape.load(calibration.model, calibration.dtype)
         self._coefficients = {name: _coefficients(calibration, name) for name in KINDS}
 
@@ -144,7 +151,7 @@ class CalibratedTimer:
         return float(np.interp(seqs, sizes, factors))
 
     def after_idle_s(self, idle_s: float) -> float:
-        points = self.calibration.idle_penalty
+        points = self._idle_penalty
         if not points or idle_s <= 0:
             return 0.0
         gaps, extras = zip(*((0.0, 0.0), *points), strict=True)

@@ -31,6 +31,7 @@ class Cluster:
     links: dict[int, tuple[Link, simpy.Resource]]  # worker id -> its share of its node's link, one transfer at a time
     tokens: TokenIds
     log: RunLog
+    dispatch_s: float = 0.0  # a request's trip to its worker process, paid before the worker has it
 
     def by_id(self, worker_id: int) -> SimWorker:
         return self.workers[worker_id]
@@ -62,12 +63,19 @@ def build_cluster(env: simpy.Environment, config: ClusterConfig) -> Cluster:
                                      tokens, log, host))
             link = Link(config.node_link_bandwidth / per_node, transport.efficiency, transport.latency_s)
             links[worker_id] = (link, simpy.Resource(env, capacity=1))
-    return Cluster(env, config, shape, workers, links, tokens, log)
+    return Cluster(env, config, shape, workers, links, tokens, log, _dispatch_s(config))
+
+
+def _dispatch_s(config: ClusterConfig) -> float:
+    """Seconds a request takes to reach its worker (and its first token to come back)."""
+    if not config.worker_processes or config.calibration is None:
+        return 0.0
+    return Calibration.load(Path(config.calibration)).worker_hop_s
 
 
 def _timer(config: ClusterConfig, device: DeviceSpec, shape: ModelShape, pool: Pool) -> StepTimer:
     if config.calibration is not None:
-        return CalibratedTimer(Calibration.load(Path(config.calibration)))
+        return CalibratedTimer(Calibration.load(Path(config.calibration)), config.worker_processes)
     return RooflineTimer(device, shape, pool.tensor_parallel)
 
 

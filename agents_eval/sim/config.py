@@ -63,9 +63,9 @@ class ClusterConfig(Strict):
     session_ttl_s: float | None = None  # pin a session's KV over the tool gap; None: no pins
     predictor: bool = False  # feed the controller the predictor's forecast
     calibration: str | None = None  # a calibration file: fitted step times instead of the roofline
-    # seconds a request spends reaching its worker process and its first token coming back (a calibration's
-    # worker_hop_s), paid before the worker has it; 0: the engine runs in the gateway's process
-    dispatch_s: float = Field(0.0, ge=0)
+    # the calibrated engine runs as worker processes: a request pays the calibration's worker_hop_s before its
+    # worker has it, and an idle worker its worker_idle_penalty (False: the in-process engine's figures)
+    worker_processes: bool = False
     slo_class: str = "interactive"  # configs/slo.yaml class whose TTFT and TPOT the run is judged by
     slo: SloClass | None = None  # targets to judge by instead of the class's (a paper's own SLOs)
 

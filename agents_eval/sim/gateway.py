@@ -93,7 +93,7 @@ class Gateway:
         return record
 
     def _dispatch(self, worker: SimWorker, seq: SimSequence, record: RequestRecord) -> None:
-        if not self.cluster.config.dispatch_s:
+        if not self.cluster.dispatch_s:
             worker.submit(seq, record)
             return
         worker.incoming += 1  # counted on its worker while on its way, as the coordinator counts it
@@ -101,7 +101,7 @@ class Gateway:
 
     def _after_hop(self, worker: SimWorker, seq: SimSequence, record: RequestRecord
                    ) -> Generator[simpy.Event, Any, None]:
-        yield self.cluster.env.timeout(self.cluster.config.dispatch_s)
+        yield self.cluster.env.timeout(self.cluster.dispatch_s)
         worker.incoming -= 1
         worker.submit(seq, record)
 

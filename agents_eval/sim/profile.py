@@ -9,9 +9,10 @@ together, and the same turn joining requests that are decoding (one step mixing 
 as a busy engine runs it). Then the idle penalty: the same cached-prefix turn after idle gaps of `IDLE_GAPS_S`,
 its first step against the same turn run back to back. Then the co-run slowdown: a set of
 fresh-prompt rounds timed alone and again beside a second engine process decoding four streams (two workers of
-a deployment on one host share its memory bandwidth and cache), per step kind. Last, the worker hop: the TTFT
-of a short one-token request through a worker process (the colocated engine process, stepped as the validation
-steps the disaggregated one) against the same request in process.
+a deployment on one host share its memory bandwidth and cache), per step kind. Last, through a worker process
+(the colocated engine process, stepped as the validation steps the disaggregated one): the hop, the idle
+turn's TTFT back to back against the same in process, and the worker process's own idle penalty, its TTFT
+after each gap.
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ DECODERS = (1, 2, 4)  # requests decoding while a turn arrives
 IDLE_GAPS_S = (0.25, 0.5, 1.0, 2.0, 4.0)
 IDLE_REPEATS = 5
 IDLE_TURN = (512, 8)  # (cached prefix, delta) of the turn timed after each gap
-HOP_PROMPT_TOKENS, HOP_REPEATS = 16, 20
 CO_RUN_ROUNDS = ((512, 1), (128, 4), (1024, 1))  # (prompt tokens, requests) timed alone and beside a neighbour
 NEIGHBOUR_STREAMS, NEIGHBOUR_PROMPT_TOKENS = 4, 256
 
@@ -53,6 +53,7 @@ class Profile:
     samples: list[StepSample]
     idle_penalty: tuple[tuple[float, float], ...]  # (gap seconds, extra seconds) points
     worker_hop_s: float
+    worker_idle_penalty: tuple[tuple[float, float], ...]  # the same, through a worker process
     co_run_slowdown: dict[str, float]  # per step kind: seconds beside a busy neighbour over seconds alone
 
 
@@ -69,12 +70,13 @@ def run(args: argparse.Namespace) -> None:
 
     measured = profile_engine(args.model, args.max_tokens, args.seed)
     calibration = fit(args.model, "float32", measured.samples, machine_info(), measured.idle_penalty,
-                      measured.worker_hop_s, measured.co_run_slowdown)
+                      measured.worker_hop_s, measured.worker_idle_penalty, measured.co_run_slowdown)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     calibration.save(args.out)
     print(f"{len(measured.samples)} steps; coefficients {calibration.coefficients}; decode batch factors "
           f"{calibration.decode_batch_factors}; idle penalty {measured.idle_penalty}; worker hop "
-          f"{1000 * measured.worker_hop_s:.2f} ms; co-run slowdown {measured.co_run_slowdown}; wrote {args.out}")
+          f"{1000 * measured.worker_hop_s:.2f} ms, its idle penalty {measured.worker_idle_penalty}; co-run slowdown "
+          f"{measured.co_run_slowdown}; wrote {args.out}")
 
 
 def profile_engine(model: str, max_tokens: int, seed: int) -> Profile:
@@ -98,7 +100,8 @@ def profile_engine(model: str, max_tokens: int, seed: int) -> Profile:
                 samples += _joining_round(engine, rng, prefix, delta, decoders, max_tokens)
     penalty = idle_penalty(engine, rng, max_tokens)
     slowdown = co_run_slowdown(model, engine, rng, max_tokens)
-    return Profile(samples, penalty, worker_hop_s(model, engine, rng), slowdown)
+    hop_s, worker_penalty = worker_process(model, engine, rng)
+    return Profile(samples, penalty, hop_s, worker_penalty, slowdown)
 
 
 def _joining_round(engine: LLMEngine, rng: random.Random, prefix: int, delta: int, decoders: int,
@@ -171,29 +174,40 @@ def _decode_until(model: str, ready: Any, stop: Any) -> None:
             ready.set()
 
 
-def worker_hop_s(model: str, in_process: LLMEngine, rng: random.Random) -> float:
-    """The median TTFT of a short one-token request through a worker process less the same in process, each
-    run back to back (no idle penalty in either)."""
+def worker_process(model: str, in_process: LLMEngine, rng: random.Random
+                   ) -> tuple[float, tuple[tuple[float, float], ...]]:
+    """Through a worker process (the colocated engine process): the hop, its median TTFT of the idle turn back
+    to back less the same in process, and its own idle penalty, the same TTFT after each gap less back to
+    back (a worker process waking from its wait pays more than the in-process engine's step does)."""
     import functools
 
     from engine.config import EngineSettings
     from engine.worker.coordinator import colocated_engine
 
-    local = _median_ttft(in_process, in_process.step, rng)
+    local = _median_ttft(in_process, in_process.step, rng, 0.0)
     engine = colocated_engine(model, EngineSettings(num_threads=1))
+    step = functools.partial(engine.step, timeout_s=POLL_S)
     try:
-        _median_ttft(engine, functools.partial(engine.step, timeout_s=POLL_S), rng)  # its first passes, untimed
-        remote = _median_ttft(engine, functools.partial(engine.step, timeout_s=POLL_S), rng)
+        _median_ttft(engine, step, rng, 0.0)  # its first passes, untimed
+        back_to_back = _median_ttft(engine, step, rng, 0.0)
+        penalty = tuple((gap, max(0.0, _median_ttft(engine, step, rng, gap) - back_to_back)) for gap in IDLE_GAPS_S)
     finally:
         engine.shutdown()
-    return max(0.0, remote - local)
+    return max(0.0, back_to_back - local), penalty
 
 
-def _median_ttft(engine: Any, step: Callable[[], list[Any]], rng: random.Random) -> float:
+def _median_ttft(engine: Any, step: Callable[[], list[Any]], rng: random.Random, gap_s: float) -> float:
+    """The median TTFT of the idle turn (a delta on a history the engine just computed) after `gap_s` idle."""
+    prefix, delta = IDLE_TURN
     ttfts = []
-    for _ in range(HOP_REPEATS):
+    for _ in range(IDLE_REPEATS):
+        history = _tokens(engine, rng, prefix)
+        engine.add_request(history, _params(1))
+        while engine.has_unfinished():
+            step()
+        time.sleep(gap_s)
         started = time.perf_counter()
-        engine.add_request(_tokens(engine, rng, HOP_PROMPT_TOKENS), _params(1))
+        engine.add_request(history + _tokens(engine, rng, delta), _params(1))
         while not any(out.new_token_ids for out in step()):
             pass
         ttfts.append(time.perf_counter() - started)

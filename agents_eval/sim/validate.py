@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 
 from agents_eval.report import Table
-from agents_eval.sim.calibration import Calibration
 from agents_eval.sim.config import ClusterConfig, EngineKnobs, Pool
 from agents_eval.sim.real_runs import POLL_S, play
 from agents_eval.sim.run import simulate
@@ -38,10 +37,9 @@ def cpu_cluster(deployment: str, calibration: Path, model: str) -> ClusterConfig
     knobs = EngineKnobs(block_size=settings.block_size, max_num_batched_tokens=settings.max_num_batched_tokens,
                         max_num_seqs=settings.max_num_seqs, queue_policy=settings.queue_policy,
                         max_kv_blocks=num_kv_blocks(resolve_model(model).config, settings))
-    hop_s = Calibration.load(calibration).worker_hop_s if len(roles) > 1 else 0.0  # colocated: LLMEngine in process
     return ClusterConfig(name=deployment, model=model, dtype="float32", pools=pools, engine=knobs, transport="shm",
                          calibration=str(calibration), session_ttl_s=TTL_S, controller=len(roles) > 1,
-                         dispatch_s=hop_s)
+                         worker_processes=len(roles) > 1)  # colocated: the LLMEngine in process
 
 
 def measure(deployment: str, sessions: list[SimSession], model: str) -> list[tuple[float, float]]:

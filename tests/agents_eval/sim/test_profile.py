@@ -13,7 +13,7 @@ from agents_eval.sim.calibration import CalibratedTimer, fit
 def test_profile_samples_every_step_kind_and_the_idle_penalty(monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in {"PROMPT_LENGTHS": (16, 128), "BATCH_SIZES": (1, 4), "CACHED_PREFIXES": (64,),
                         "TURN_DELTAS": (8,), "TURN_BATCHES": (1, 2), "DECODERS": (2,), "IDLE_GAPS_S": (0.01, 0.02),
-                        "IDLE_REPEATS": 1, "IDLE_TURN": (64, 8), "HOP_REPEATS": 3}.items():
+                        "IDLE_REPEATS": 1, "IDLE_TURN": (64, 8)}.items():
         monkeypatch.setattr(profile, name, value)
     measured = profile.profile_engine("tiny", max_tokens=4, seed=0)
     samples, idle_penalty = measured.samples, measured.idle_penalty
@@ -24,6 +24,7 @@ def test_profile_samples_every_step_kind_and_the_idle_penalty(monkeypatch: pytes
     assert any(w.tokens == w.seqs == 4 for w in works)  # decodes
     assert [gap for gap, _ in idle_penalty] == [0.01, 0.02] and all(extra >= 0 for _, extra in idle_penalty)
     assert 0 <= measured.worker_hop_s < 1.0  # messages over local pipes and polls: under a step here
+    assert [gap for gap, _ in measured.worker_idle_penalty] == [0.01, 0.02]
     assert set(measured.co_run_slowdown) == {"decode", "prefill"} and min(measured.co_run_slowdown.values()) > 0
     timer = CalibratedTimer(fit("tiny", "float32", samples, idle_penalty=idle_penalty))
     assert all(timer.step_time(w) > 0 for w in works)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gc
 import random
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -77,18 +77,22 @@ def test_a_worker_pays_the_idle_penalty_on_its_first_step_after_a_gap(tmp_path: 
     assert ttfts[2] == pytest.approx(SERVICE_S + penalty - SERVICE_S / 2 + SERVICE_S)  # queued behind, no penalty
 
 
-def test_a_request_to_a_worker_process_pays_the_dispatch_hop_before_its_worker_has_it(tmp_path: Path) -> None:
-    """Two single-step requests half a step apart: each TTFT carries the hop, and the second, reaching the
-    worker while the first's step runs, queues behind it as it would without the hop."""
-    hop = 0.003
+def test_a_worker_process_pays_the_hop_before_it_has_a_request_and_its_own_idle_penalty(tmp_path: Path) -> None:
+    """Two single-step requests half a step apart: each TTFT carries the hop, the first the worker process's
+    idle penalty, and the second, reaching the worker while the first's step runs, queues behind it; the same
+    cluster in process pays neither (its in-process idle penalty is none here)."""
+    hop, penalty = 0.003, 0.004
     sessions = [SimSession(f"s{index}", at, 0, "append", (SimTurn(0.0, 64, 1, "think"),))
                 for index, at in enumerate((1.0, 1.0 + SERVICE_S / 2))]
-    cluster, _ = simulate(_toy(tmp_path, dispatch_s=hop), sessions)
+    config = _toy(tmp_path, worker_processes=True)
+    calibration = Calibration.load(Path(config.calibration or ""))
+    replace(calibration, worker_hop_s=hop, worker_idle_penalty=((0.5, penalty),)).save(Path(config.calibration or ""))
+    cluster, _ = simulate(config, sessions)
     ttfts = [r.ttft_s for r in sorted(cluster.log.requests, key=lambda r: r.arrival_s)]
-    assert ttfts[0] == pytest.approx(hop + SERVICE_S)
-    assert ttfts[1] == pytest.approx(hop + SERVICE_S / 2 + SERVICE_S)
-    with pytest.raises(ValueError, match="greater than or equal to 0"):
-        _toy(tmp_path, dispatch_s=-0.001)
+    assert ttfts[0] == pytest.approx(hop + penalty + SERVICE_S)  # a worker process idle since the start
+    assert ttfts[1] == pytest.approx(hop + penalty + SERVICE_S / 2 + SERVICE_S)
+    in_process, _ = simulate(config.model_copy(update={"worker_processes": False}), sessions)
+    assert sorted(r.ttft_s for r in in_process.log.requests) == pytest.approx([SERVICE_S, 1.5 * SERVICE_S])
 
 
 def test_a_step_that_starts_beside_another_workers_step_pays_the_co_run_slowdown(tmp_path: Path) -> None:
