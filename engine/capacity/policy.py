@@ -7,10 +7,12 @@ retired as turns are served, so it has no statistical delay. Without it (an engi
 queues stand in: the waiting prompt tokens and the active streams, smoothed over `demand_smoothing_s` because a
 queue bursts. Prefill: the prompt tokens, to be computed within `prefill_drain_s` (an admitted prompt keeps at
 most one worker busy: it is prefilled on one), plus the forecast prompt tokens within `forecast_horizon_s`, at
-the measured seconds per token of one worker. Decode: each stream owed a token every `target_tpot_s` (an
-admitted stream no faster than its expected tokens spread over the horizon), plus the forecast output tokens
-within the horizon, at the measured worker seconds per output token (the decode step time over the streams per
-decoding worker).
+the measured seconds per token of one worker, less the prompt tokens queued on decode workers: conditional
+disaggregation prefills them where they decode, so more prefill workers would not serve them sooner (they are
+left out rather than added to the decode demand: a worker's queue would then change sides with its role, and a
+move invite its reversal). Decode: each stream owed a token every `target_tpot_s` (an admitted stream no faster
+than its expected tokens spread over the horizon), plus the forecast output tokens within the horizon, at the
+measured worker seconds per output token (the decode step time over the streams per decoding worker).
 
 Hysteresis by demand margin: a worker moves to a role only while that role has more demand than workers (it
 misses its target) and, before the worker joins, more demand per worker than the giving role will have after
@@ -67,7 +69,8 @@ def decode_s_per_token(snapshot: LoadSnapshot, settings: CapacitySettings) -> fl
 def demand(snapshot: LoadSnapshot, settings: CapacitySettings) -> Demand:
     horizon = settings.forecast_horizon_s
     prefill_s_per_token = 1.0 / (snapshot.prefill_tokens_per_s or settings.prefill_tokens_per_s)
-    prefill = prefill_s_per_token * _prefill_backlog(snapshot) / settings.prefill_drain_s
+    local = sum(w.waiting_prefill_tokens for w in snapshot.workers if w.role == DECODE)
+    prefill = prefill_s_per_token * max(0, _prefill_backlog(snapshot) - local) / settings.prefill_drain_s
     if snapshot.admitted is not None:  # one prompt is prefilled on one worker: it keeps at most that one busy
         prefill = min(prefill, snapshot.admitted.prompts)
     prefill += prefill_s_per_token * snapshot.forecast_prefill_tokens / horizon
@@ -76,7 +79,7 @@ def demand(snapshot: LoadSnapshot, settings: CapacitySettings) -> Demand:
 
 
 def _prefill_backlog(snapshot: LoadSnapshot) -> int:
-    """Prompt tokens to prefill: the admitted work's, else the workers' queues."""
+    """Prompt tokens to prefill, wherever: the admitted work's, else the workers' queues."""
     return snapshot.prefill_tokens_waiting if snapshot.admitted is None else snapshot.admitted.prefill_tokens
 
 

@@ -14,7 +14,10 @@ delta of 200 tokens is a second of prefill that every stream on the worker waits
 costs more waiting than it spares: a prefill worker that lacks the history computes all of it, so the turn
 stays local when that would take longer than the stall times the streams it holds; or whatever its size
 when nothing runs on that decode worker nor on any prefill worker: an idle deployment has no interference for
-disaggregation to avoid, and the KV transfer would only add latency. Otherwise the least-loaded prefill worker
+disaggregation to avoid, and the KV transfer would only add latency; or when the least-loaded prefill worker's
+queue would take longer than `remote_prefill_max_queue_s` to drain at its measured rate and the decode worker's
+own queue is shorter (Dynamo's `max_prefill_queue_size`, in seconds: prefill workers that fall behind would
+hold the turn longer than prefilling it where it decodes). Otherwise the least-loaded prefill worker
 computes the delta and streams it. With both thresholds 0 (DistServe) every turn is prefilled remotely, idle or
 not.
 """
@@ -102,6 +105,19 @@ def sparing_pays(turn: Turn, decoder: WorkerLoad, prefiller: WorkerLoad, uncache
     return remote_s <= decoder.decode_streams * uncached_tokens / rate
 
 
+def queue_s(worker: WorkerLoad) -> float:
+    """Seconds its queued prompt tokens take at its measured rate (0 until it measured one)."""
+    rate = worker.prefill_tokens_per_s
+    return worker.waiting_prefill_tokens / rate if rate else 0.0
+
+
+def prefill_queue_full(decoder: WorkerLoad, prefiller: WorkerLoad, settings: CapacitySettings) -> bool:
+    """Dynamo's max_prefill_queue_size, in seconds: the prefill worker's queue is past the bound and the decode
+    worker's own is shorter, so the turn waits less prefilled where it decodes."""
+    bound = settings.remote_prefill_max_queue_s
+    return bool(bound and queue_s(prefiller) > bound and queue_s(decoder) < queue_s(prefiller))
+
+
 def idle(worker: WorkerLoad) -> bool:
     return worker.running == 0 and worker.waiting_prefill_tokens == 0
 
@@ -133,5 +149,8 @@ def place(turn: Turn, workers: Sequence[WorkerLoad], settings: CapacitySettings,
         delta += f", too slow to prefill beside worker {choice.worker_id}'s {decoder.decode_streams} streams"
     if conditional(settings) and idle(decoder) and all(idle(w) for w in prefillers):
         return Placement(choice.worker_id, None, True, f"local: nothing running; {delta}")
+    if conditional(settings) and prefill_queue_full(decoder, prefiller, settings):
+        return Placement(choice.worker_id, None, True, f"local: {delta}; prefill worker {prefiller.worker_id}'s "
+                         f"queue holds {queue_s(prefiller):.2f} s")
     return Placement(choice.worker_id, prefiller.worker_id, False,
                      f"remote: {delta}, prefill on worker {prefiller.worker_id}, decode on {choice.worker_id}")

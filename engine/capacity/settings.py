@@ -37,6 +37,7 @@ class CapacitySettings(YamlSettings):
     local_prefill_max_tokens: Annotated[int, Field(ge=0)] = 256
     local_prefill_max_uncached_share: Share = 0.1
     local_prefill_max_stall_s: NonNegative = 0.05
+    remote_prefill_max_queue_s: NonNegative = 0.5
     overlap_weight: NonNegative = 1.0
 
     decode_over_prefill_latency: Positive = 3.0

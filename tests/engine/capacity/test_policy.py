@@ -122,10 +122,26 @@ def test_an_imbalance_within_the_demand_margin_stays(policy: CapacityPolicy) -> 
 def test_a_move_never_invites_its_reversal_at_the_same_demand(roles: str, waiting: int, streams: int) -> None:
     if "P" not in roles or "D" not in roles:
         return
+    """A moved worker keeps its queue, so a prefill worker moved to decode turns its queued prompts into local
+    work the prefill demand no longer counts: another may follow it, none come back."""
     policy = CapacityPolicy(CapacitySettings(demand_smoothing_s=0, hold_s=0))
     before = snapshot(roles, waiting=waiting, streams=streams)
-    after = apply(before, policy.decide(before))
-    assert policy.decide(after).moves == ()
+    first = policy.decide(before)
+    then = policy.decide(apply(before, first)).moves
+    assert {m.role for m in then} <= {m.role for m in first.moves}
+    if not any(m.role == DECODE for m in first.moves):  # nothing changed sides: the same demand, no move
+        assert then == ()
+
+
+def test_prompts_queued_on_decode_workers_are_not_prefill_demand(policy: CapacityPolicy) -> None:
+    """Conditional disaggregation prefilled 24,000 of the 30,000 admitted prompt tokens where they decode: more
+    prefill workers would not serve those sooner."""
+    work = AdmittedWork(prefill_tokens=30000, prompts=10)
+    workers = (WorkerLoad(0, P, 1, 6000), WorkerLoad(1, D, 5, 12000, 2), WorkerLoad(2, D, 5, 12000, 2))
+    need = demand(LoadSnapshot(10.0, workers, admitted=work), CapacitySettings())
+    assert need.prefill == pytest.approx(6000 / 10000 / 0.5)  # the prefill worker's share, at the assumed rate
+    remote = (WorkerLoad(0, P, 1, 30000), WorkerLoad(1, D, 2, 0, 2), WorkerLoad(2, D, 2, 0, 2))
+    assert demand(LoadSnapshot(10.0, remote, admitted=work), CapacitySettings()).prefill == pytest.approx(6.0)
 
 
 def test_the_hold_delays_an_unclear_reversal_but_not_a_clear_one(policy: CapacityPolicy) -> None:

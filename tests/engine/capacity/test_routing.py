@@ -118,3 +118,23 @@ def test_a_stalling_delta_stays_local_when_the_prefill_worker_would_recompute_th
         assert placement.reason.endswith("would compute 1024, longer than the stall it spares")
     faster = WorkerLoad(0, PREFILL, running=1, prefill_tokens_per_s=8000.0)  # 128 ms for the whole prompt
     assert not place(SESSION_TURN, [faster, holder(1, 400.0)], SETTINGS, BLOCK).local
+
+
+def test_a_large_delta_is_prefilled_where_it_decodes_when_the_prefill_queue_is_long() -> None:
+    """Dynamo's max_prefill_queue_size in seconds: 6,000 queued tokens at 10,000 tokens/s are 0.6 s, past the
+    0.5 s bound, so a 2,048-token turn is prefilled on its decode worker, whose own queue is shorter; under the
+    bound, with the decode worker's queue longer, with no measured rate, or in DistServe's mode, it goes remote."""
+    def queued(worker_id: int, role: str, tokens: int, rate: float | None = 10000.0) -> WorkerLoad:
+        return WorkerLoad(worker_id, role, running=1, waiting_prefill_tokens=tokens, prefill_tokens_per_s=rate)
+
+    full = place(Turn(2048), [queued(0, PREFILL, 6000), queued(1, DECODE, 0)], SETTINGS, BLOCK)
+    assert (full.prefill_worker, full.local) == (None, True)
+    assert full.reason.endswith("prefill worker 0's queue holds 0.60 s")
+    for workers in ([queued(0, PREFILL, 4000), queued(1, DECODE, 0)],
+                    [queued(0, PREFILL, 6000), queued(1, DECODE, 7000)],
+                    [queued(0, PREFILL, 6000, rate=None), queued(1, DECODE, 0)]):
+        assert place(Turn(2048), workers, SETTINGS, BLOCK).prefill_worker == 0
+    distserve = CapacitySettings(local_prefill_max_tokens=0, local_prefill_max_uncached_share=0)
+    assert place(Turn(2048), [queued(0, PREFILL, 6000), queued(1, DECODE, 0)], distserve, BLOCK).prefill_worker == 0
+    unbounded = CapacitySettings(remote_prefill_max_queue_s=0)
+    assert place(Turn(2048), [queued(0, PREFILL, 6000), queued(1, DECODE, 0)], unbounded, BLOCK).prefill_worker == 0
