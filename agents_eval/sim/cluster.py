@@ -50,10 +50,13 @@ def build_cluster(env: simpy.Environment, config: ClusterConfig) -> Cluster:
     tokens, log, hashes = TokenIds(), RunLog(), BlockHashes()
     workers: list[SimWorker] = []
     links: dict[int, tuple[Link, simpy.Resource]] = {}
-    host = Host() if config.calibration is not None else None  # a calibration describes one host: all share it
+    # a calibration describes one host: its one timer for every pool, and the host all its workers share
+    calibration = Calibration.load(Path(config.calibration)) if config.calibration is not None else None
+    calibrated = CalibratedTimer(calibration, config.worker_processes) if calibration is not None else None
+    host = Host() if calibration is not None else None
     for pool in config.pools:
         device = DeviceSpec.load(pool.device)
-        timer = _timer(config, device, shape, pool)
+        timer: StepTimer = calibrated or RooflineTimer(device, shape, pool.tensor_parallel)
         per_node = pool.gpus_per_node // pool.tensor_parallel
         for _ in range(pool.workers):
             worker_id = len(workers)
@@ -63,20 +66,9 @@ def build_cluster(env: simpy.Environment, config: ClusterConfig) -> Cluster:
                                      tokens, log, host))
             link = Link(config.node_link_bandwidth / per_node, transport.efficiency, transport.latency_s)
             links[worker_id] = (link, simpy.Resource(env, capacity=1))
-    return Cluster(env, config, shape, workers, links, tokens, log, _dispatch_s(config))
-
-
-def _dispatch_s(config: ClusterConfig) -> float:
-    """Seconds a request takes to reach its worker (and its first token to come back)."""
-    if not config.worker_processes or config.calibration is None:
-        return 0.0
-    return Calibration.load(Path(config.calibration)).worker_hop_s
-
-
-def _timer(config: ClusterConfig, device: DeviceSpec, shape: ModelShape, pool: Pool) -> StepTimer:
-    if config.calibration is not None:
-        return CalibratedTimer(Calibration.load(Path(config.calibration)), config.worker_processes)
-    return RooflineTimer(device, shape, pool.tensor_parallel)
+    # a request's trip to its worker process (and its first token's back)
+    dispatch_s = calibration.worker_hop_s if calibration is not None and config.worker_processes else 0.0
+    return Cluster(env, config, shape, workers, links, tokens, log, dispatch_s)
 
 
 def kv_blocks(config: ClusterConfig, shape: ModelShape, device: DeviceSpec, pool: Pool) -> int:
