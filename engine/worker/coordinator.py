@@ -41,6 +41,7 @@ from engine.worker.session_homes import SessionHomes
 from engine.worker.tracking import Tracked, TransferLog
 
 log = logging.getLogger(__name__)
+SENDING_POLL_S = 0.001  # a step's longest wait while commands wait for room in a worker's pipe
 
 
 class DisaggregatedEngine:
@@ -164,7 +165,10 @@ class DisaggregatedEngine:
             self._wake_w.send(b"\0")
 
     def step(self, timeout_s: float = 0.05) -> list[RequestOutput]:
+        """Wait up to timeout_s for a worker's events (0: only what is in) and handle them; the outputs."""
         outputs: list[RequestOutput] = []
+        if not self.flush_sends():
+            timeout_s = min(timeout_s, SENDING_POLL_S)
         ready = wait([w.conn for w in self.workers if w.alive and w.conn] + [self._wake_r], timeout_s)
         if self._wake_r in ready:
             self._drain_wakeups()
@@ -177,6 +181,16 @@ class DisaggregatedEngine:
         if self.capacity is not None:
             self.capacity.tick(now)
         return outputs
+
+    def flush_sends(self) -> bool:
+        """Write the commands a full pipe held back; True when none is left waiting."""
+        for worker in self.workers:
+            if worker.alive and worker.sending:
+                try:
+                    worker.flush()
+                except OSError:
+                    self._worker_died(worker)
+        return not any(w.alive and w.sending for w in self.workers)
 
     def _tend_pool(self, now: float) -> None:
         """Workers that finished (re)starting take the parked requests; new nodes get workers."""
@@ -265,6 +279,7 @@ class DisaggregatedEngine:
         if not worker.alive:
             return
         worker.alive = False
+        worker.drop_outbox()
         self.dead_workers.append(worker.worker_id)
         self.homes.forget_worker(worker.worker_id)
         log.error("engine worker %d (pid %s) died; re-running its requests", worker.worker_id, worker.pid)

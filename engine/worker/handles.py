@@ -3,6 +3,7 @@ or a Ray actor), connected, handshaken (Ready, clock offset), stopped."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import statistics
 import time
@@ -13,6 +14,7 @@ from typing import Any, Protocol
 from engine.stats import EngineStats
 from engine.worker import messages as m
 from engine.worker.deployment import DeploymentSettings
+from engine.worker.outbox import Outbox
 from engine.worker.worker import WorkerSpec
 
 log = logging.getLogger(__name__)
@@ -47,11 +49,31 @@ class WorkerHandle:
     report_due: bool = False  # it was given work since that report: another one is coming
     kv_tiers: dict[str, Any] | None = None  # the KV tier counters of its latest Load report; None: no tiers
     switched_at: float = 0.0  # monotonic time of its last role change (hysteresis)
+    outbox: Outbox | None = None  # the sends to its current conn
 
     def send(self, command: m.Command) -> None:
+        """Never blocks: what the pipe cannot take now is written by later `flush` calls, in order."""
         if self.conn is None:
             raise BrokenPipeError(f"worker {self.worker_id} is not connected")
-        self.conn.send(command)
+        if self.outbox is None or self.outbox.conn is not self.conn:
+            self.drop_outbox()
+            self.outbox = Outbox(self.conn)
+        self.outbox.send(command)
+
+    def flush(self) -> bool:
+        """Write what its sends left queued; True when nothing is left (raises OSError on a closed pipe)."""
+        return self.outbox is None or self.outbox.flush()
+
+    def drop_outbox(self) -> None:
+        """Its held-back commands given up (it died, or its pipe changed)."""
+        if self.outbox is not None:
+            self.outbox.close()
+            self.outbox = None
+
+    @property
+    def sending(self) -> bool:
+        """Bytes of its commands wait for room in the pipe."""
+        return self.outbox is not None and self.outbox.pending
 
 
 class Launcher(Protocol):
@@ -135,6 +157,7 @@ def stop_workers(handles: list[WorkerHandle], deadline_s: float) -> list[m.KVCou
                 handle.alive = False
     deadline = time.monotonic() + deadline_s
     for handle in handles:
+        _drain_outbox(handle, deadline)
         counters += _collect_stopped(handle, deadline)
         handle.process.join(max(0.0, deadline - time.monotonic()))
         if handle.process.is_alive():
@@ -143,6 +166,15 @@ def stop_workers(handles: list[WorkerHandle], deadline_s: float) -> list[m.KVCou
             handle.process.join(5)
         handle.alive = handle.starting = False
     return counters
+
+
+def _drain_outbox(handle: WorkerHandle, deadline: float) -> None:
+    """Its last commands (the Shutdown) written before waiting for it to stop; then its outbox closed."""
+    if handle.outbox is None:
+        return
+    with contextlib.suppress(OSError):  # its end is closed: it is gone already
+        handle.outbox.drain(deadline)
+    handle.drop_outbox()
 
 
 def _collect_stopped(handle: WorkerHandle, deadline: float) -> list[m.KVCounters]:
