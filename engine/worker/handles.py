@@ -49,23 +49,23 @@ class WorkerHandle:
     report_due: bool = False  # it was given work since that report: another one is coming
     kv_tiers: dict[str, Any] | None = None  # the KV tier counters of its latest Load report; None: no tiers
     switched_at: float = 0.0  # monotonic time of its last role change (hysteresis)
-    outbox: Outbox | None = None  # the sends to its current conn
+    outbox: Outbox | None = None  # the sends to its conn, made at the first
 
     def send(self, command: m.Command) -> None:
         """Never blocks: what the pipe cannot take now is written by later `flush` calls, in order."""
         if self.conn is None:
             raise BrokenPipeError(f"worker {self.worker_id} is not connected")
-        if self.outbox is None or self.outbox.conn is not self.conn:
-            self.drop_outbox()
+        if self.outbox is None:
             self.outbox = Outbox(self.conn)
         self.outbox.send(command)
 
-    def flush(self) -> bool:
-        """Write what its sends left queued; True when nothing is left (raises OSError on a closed pipe)."""
-        return self.outbox is None or self.outbox.flush()
+    def flush(self) -> None:
+        """Write what its sends left queued, as far as the pipe takes it (raises OSError on a closed pipe)."""
+        if self.outbox is not None:
+            self.outbox.flush()
 
     def drop_outbox(self) -> None:
-        """Its held-back commands given up (it died, or its pipe changed)."""
+        """Its held-back commands given up (it died, or it is stopped)."""
         if self.outbox is not None:
             self.outbox.close()
             self.outbox = None

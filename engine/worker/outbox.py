@@ -19,24 +19,20 @@ MAX_SHORT_FRAME = 0x7FFFFFFF  # longer payloads take Connection's 64-bit header
 
 
 def frame(obj: object) -> bytes:
-    payload = bytes(ForkingPickler.dumps(obj))
-    if len(payload) > MAX_SHORT_FRAME:
-        return struct.pack("!i", -1) + struct.pack("!Q", len(payload)) + payload
-    return struct.pack("!i", len(payload)) + payload
+    payload = ForkingPickler.dumps(obj)
+    size = len(payload)
+    header = struct.pack("!i", size) if size <= MAX_SHORT_FRAME else struct.pack("!iQ", -1, size)
+    return b"".join((header, payload))  # one copy of the pickle
 
 
 class Outbox:
     def __init__(self, conn: Connection) -> None:
-        self.conn = conn
         self._socket = socket.socket(fileno=os.dup(conn.fileno()))  # its own fd: closing it leaves conn open
         self._queue: collections.deque[memoryview] = collections.deque()
 
     @property
     def pending(self) -> bool:
         return bool(self._queue)
-
-    def fileno(self) -> int:
-        return self._socket.fileno()
 
     def send(self, obj: object) -> None:
         """Queue one command and write what the socket takes; raises OSError when the worker's end is closed."""

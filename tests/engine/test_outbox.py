@@ -66,11 +66,17 @@ def test_sending_to_a_closed_worker_raises_and_the_handle_drops_its_queue() -> N
     assert handle.outbox is None and not handle.sending
 
 
-class _Stopped:
+class _AliveOnce:
+    """A worker process alive when asked to stop, gone when waited for."""
+
     pid = 1
 
+    def __init__(self) -> None:
+        self.asked = 0
+
     def is_alive(self) -> bool:
-        return False
+        self.asked += 1
+        return self.asked == 1
 
     def join(self, timeout: float | None = None) -> None:
         pass
@@ -98,13 +104,3 @@ def test_stopping_writes_the_held_back_commands_before_the_shutdown() -> None:
     assert isinstance(received[0], m.Submit) and len(received[0].token_ids) == BIG
     assert isinstance(received[1], m.Shutdown) and handle.outbox is None
 
-
-class _AliveOnce(_Stopped):
-    """Alive when asked to stop, gone when waited for."""
-
-    def __init__(self) -> None:
-        self.asked = 0
-
-    def is_alive(self) -> bool:
-        self.asked += 1
-        return self.asked == 1
