@@ -33,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     what.add_argument("--scale", action="store_true", help="one simulated hour of the 48-node cluster (scale-48)")
     what.add_argument("--validate", action="store_true", help="predicted against measured real CPU runs")
     p.add_argument("--calibration", type=Path, help="calibration file of `agentserve profile` (--validate)")
+    p.add_argument("--repeats", type=int, help="real runs of each deployment and rate, in turn (--validate; default 2)")
     p.add_argument("--start-rate", type=float, default=1.0, help="first sessions/s of the rate search")
     p.add_argument("--search-steps", type=int, default=3, help="bisections of the rate search after doubling")
     p.add_argument("--tensor-parallel", type=int, nargs="+", default=[1, 2, 4, 8],
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> None:
 
         if args.calibration is None:
             raise ValueError("--validate needs --calibration FILE (write one with `agentserve profile`)")
-        data = validate(args.calibration, args.seed)
+        data = validate(args.calibration, args.seed, repeats=args.repeats)
         tables = data.pop("tables")
     elif args.table:
         data, tables = reports.table(args)

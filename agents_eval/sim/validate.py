@@ -1,6 +1,10 @@
 """`agentserve simulate --validate`: the simulator, calibrated by `agentserve profile`, against real CPU runs it
 was not fitted on: the swe workload at two rates, colocated (one `LLMEngine`) and disaggregated (one prefill
-and one decode worker process), TTFT and TPOT p50 and p90, predicted beside measured."""
+and one decode worker process), TTFT and TPOT p50 and p90, predicted beside measured.
+
+Each real run is taken `repeats` times, the four runs in turn (every run once, then every run again), and a
+figure is measured on the requests of all its repeats pooled: this host's speed moves by 10-15% from one minute
+to the next, so one run of each put a slow minute on one figure whole."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.progress import Progress
 
 from agents_eval.report import Table
 from agents_eval.sim.config import ClusterConfig, EngineKnobs, Pool
@@ -24,6 +29,7 @@ DURATION_S = 120.0
 MAX_REQUESTS = 300
 TTL_S = 30.0
 DEPLOYMENTS = ("colocated", "1 prefill + 1 decode")
+REPEATS = 2  # real runs of each deployment and rate, in turn
 WARM_UP_PROMPT_TOKENS = (256, 1024, 2048)  # each request of the warm-up, run together
 WARM_UP_OUTPUT_TOKENS = 8
 
@@ -82,38 +88,60 @@ def warm_up(engine: Any) -> None:
         raise RuntimeError("the warm-up requests still hold KV blocks")
 
 
-def validate(calibration: Path, seed: int = 0, model: str = "small") -> dict[str, Any]:
+def run_order(repeats: int) -> list[tuple[str, float]]:
+    """The real runs in the order they are taken: every (deployment, rate) once, then again, `repeats` times."""
+    return [(deployment, rate) for _ in range(repeats) for deployment in DEPLOYMENTS for rate in RATES]
+
+
+def validate(calibration: Path, seed: int = 0, model: str = "small", repeats: int | None = None) -> dict[str, Any]:
+    repeats = REPEATS if repeats is None else repeats
+    if repeats < 1:
+        raise ValueError("--repeats must be at least 1")
+    workloads = {rate: from_workload(swe.build(seed=seed, rate=rate, duration_s=DURATION_S,
+                                               max_requests=MAX_REQUESTS)) for rate in RATES}
+    measured: dict[tuple[str, float], list[np.ndarray]] = {}
+    order = run_order(repeats)
+    with Progress(transient=True) as progress:
+        task = progress.add_task("real runs", total=len(order))
+        for deployment, rate in order:
+            progress.update(task, description=f"real run: {deployment}, {rate} sessions/s")
+            runs = measured.setdefault((deployment, rate), [])
+            runs.append(np.array(measure(deployment, workloads[rate], model)))
+            progress.advance(task)
     rows = []
-    for deployment in DEPLOYMENTS:
-        for rate in RATES:
-            workload = swe.build(seed=seed, rate=rate, duration_s=DURATION_S, max_requests=MAX_REQUESTS)
-            sessions = from_workload(workload)
-            measured = np.array(measure(deployment, sessions, model))
-            cluster, _ = simulate(cpu_cluster(deployment, calibration, model), sessions)
-            predicted = np.array([(r.ttft_s, r.tpot_s) for r in cluster.log.requests])
-            rows += _rows(deployment, rate, predicted, measured)
+    for (deployment, rate), runs in measured.items():
+        cluster, _ = simulate(cpu_cluster(deployment, calibration, model), workloads[rate])
+        predicted = np.array([(r.ttft_s, r.tpot_s) for r in cluster.log.requests])
+        rows += figure_rows(deployment, rate, predicted, runs)
     worst = max(row["relative_error"] for row in rows)
     return {"validation": {"max_relative_error": worst, "rows": rows, "calibration": str(calibration),
-                           "model": model, "rates": RATES, "duration_s": DURATION_S, "max_requests": MAX_REQUESTS},
+                           "model": model, "rates": RATES, "duration_s": DURATION_S, "max_requests": MAX_REQUESTS,
+                           "repeats": repeats},
             "notes": ["Measured on this machine's 2 CPU cores while other work ran on them: the real runs' "
-                      "timings carry that load (see machine.load_average)."],
+                      "timings carry that load (see machine.load_average).",
+                      f"Each real run was taken {repeats} times, in turn; a figure is measured on the requests of "
+                      "its runs pooled, and each run's own figure is in `runs`."],
             "tables": [_table(rows)]}
 
 
-def _rows(deployment: str, rate: float, predicted: np.ndarray, measured: np.ndarray) -> list[dict[str, Any]]:
+def figure_rows(deployment: str, rate: float, predicted: np.ndarray, runs: list[np.ndarray]) -> list[dict[str, Any]]:
+    """One row per figure: predicted, measured on every run's (TTFT, TPOT) rows pooled, and each run's own."""
+    pooled = np.concatenate(runs)
     rows = []
     for column, metric in enumerate(("ttft", "tpot")):
         for quantile in (50, 90):
             p = float(np.percentile(predicted[:, column], quantile))
-            m = float(np.percentile(measured[:, column], quantile))
+            m = float(np.percentile(pooled[:, column], quantile))
             rows.append({"deployment": deployment, "rate": rate, "figure": f"{metric}_p{quantile}_s",
                          "predicted": p, "measured": m, "relative_error": abs(p - m) / m if m else float("inf"),
-                         "requests": len(measured)})
+                         "requests": len(runs[0]),
+                         "runs": [float(np.percentile(run[:, column], quantile)) for run in runs]})
     return rows
 
 
 def _table(rows: list[dict[str, Any]]) -> Table:
     cells = [[r["deployment"], f"{r['rate']}", r["figure"], f"{1000 * r['predicted']:.1f}",
-              f"{1000 * r['measured']:.1f}", f"{100 * r['relative_error']:.1f}%"] for r in rows]
+              f"{1000 * r['measured']:.1f}", ", ".join(f"{1000 * run:.1f}" for run in r["runs"]),
+              f"{100 * r['relative_error']:.1f}%"] for r in rows]
     return Table("Predicted against measured (ms)", ["deployment", "sessions/s", "figure", "predicted", "measured",
-                                                    "error"], cells)
+                                                    "each run", "error"], cells)

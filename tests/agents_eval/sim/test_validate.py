@@ -5,9 +5,21 @@ TTFT counted from each turn's planned arrival."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
+
+import numpy as np
+import pytest
 
 from agents_eval.sim.real_runs import play
-from agents_eval.sim.validate import WARM_UP_PROMPT_TOKENS, warm_up
+from agents_eval.sim.validate import (
+    DEPLOYMENTS,
+    RATES,
+    WARM_UP_PROMPT_TOKENS,
+    figure_rows,
+    run_order,
+    validate,
+    warm_up,
+)
 from agents_eval.sim.workload import SimSession, SimTurn
 from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine
@@ -59,3 +71,30 @@ def test_a_turn_due_during_a_step_counts_the_rest_of_that_step() -> None:
         engine.shutdown()
     assert len(latencies) == 2
     assert min(ttft for ttft, _ in latencies) >= held - 0.01  # a waited for its own step, b for a's
+
+
+def test_repeated_runs_are_taken_in_turn() -> None:
+    """Every (deployment, rate) once before any is taken again, so a slow minute of the host falls on one run of
+    each figure, not on all runs of one."""
+    order = run_order(3)
+    every = [(deployment, rate) for deployment in DEPLOYMENTS for rate in RATES]
+    assert order == every * 3
+
+
+def test_a_figure_is_measured_on_its_runs_pooled() -> None:
+    predicted = np.array([[0.040, 0.015]] * 4)
+    fast = np.array([[0.030, 0.010], [0.032, 0.011], [0.034, 0.012], [0.036, 0.013]])
+    slow = fast + np.array([0.010, 0.002])
+    rows = {row["figure"]: row for row in figure_rows("colocated", 0.1, predicted, [fast, slow])}
+    ttft = rows["ttft_p50_s"]
+    assert ttft["measured"] == pytest.approx(float(np.percentile(np.concatenate([fast, slow])[:, 0], 50)))
+    assert ttft["runs"] == pytest.approx([0.033, 0.043])
+    assert ttft["relative_error"] == pytest.approx(abs(0.040 - ttft["measured"]) / ttft["measured"])
+    assert rows["tpot_p90_s"]["runs"] == pytest.approx([float(np.percentile(fast[:, 1], 90)),
+                                                       float(np.percentile(slow[:, 1], 90))])
+    assert ttft["requests"] == 4
+
+
+def test_validation_needs_a_real_run() -> None:
+    with pytest.raises(ValueError, match="--repeats"):
+        validate(Path("unused.json"), repeats=0)
