@@ -60,6 +60,7 @@ class Calibration:
     worker_hop_s: float = 0.0
     worker_idle_penalty: tuple[tuple[float, float], ...] = ()
     co_run_slowdown: dict[str, float] = field(default_factory=dict)  # step kind -> factor
+    host_reference: dict[str, float] = field(default_factory=dict)  # step kind -> the host-speed probe's seconds
 
     def save(self, path: Path) -> None:
         data = {**asdict(self), "samples": [{**asdict(s.work), "seconds": s.seconds} for s in self.samples]}
@@ -86,13 +87,14 @@ def kind(work: StepWork) -> str:
 def fit(model: str, dtype: str, samples: list[StepSample], machine: dict[str, object] | None = None,
         idle_penalty: tuple[tuple[float, float], ...] = (), worker_hop_s: float = 0.0,
         worker_idle_penalty: tuple[tuple[float, float], ...] = (),
-        co_run_slowdown: dict[str, float] | None = None) -> Calibration:
+        co_run_slowdown: dict[str, float] | None = None,
+        host_reference: dict[str, float] | None = None) -> Calibration:
     shape = ModelShape.load(model, dtype)
     coefficients = {name: _fit_kind(shape, [s for s in samples if kind(s.work) == name], name) for name in KINDS}
     line = Calibration(model, dtype, coefficients)
     return Calibration(model, dtype, coefficients, machine or {}, tuple(samples), idle_penalty,
                        _decode_batch_factors(CalibratedTimer(line), samples), worker_hop_s, worker_idle_penalty,
-                       co_run_slowdown or {})
+                       co_run_slowdown or {}, host_reference or {})
 
 
 def _decode_batch_factors(line: CalibratedTimer, samples: list[StepSample]) -> tuple[tuple[int, float], ...]:
@@ -126,9 +128,13 @@ def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 class CalibratedTimer:
-    def __init__(self, calibration: Calibration, worker_process: bool = False) -> None:
-        """worker_process: time a worker process (its idle penalty) rather than the in-process engine."""
+    def __init__(self, calibration: Calibration, worker_process: bool = False,
+                 host_speed: dict[str, float] | None = None) -> None:
+        """worker_process: time a worker process (its idle penalty) rather than the in-process engine;
+        host_speed: per step kind, a factor on the fitted step times (the host ran slower, > 1, or faster than
+        during the profile: `host_speed.speed_factors`)."""
         self.calibration = calibration
+        self._speed = host_speed or {}
         self._idle_penalty = calibration.worker_idle_penalty if worker_process else calibration.idle_penalty
         self._shape = ModelShape.load(calibration.model, calibration.dtype)
         self._coefficients = {name: _coefficients(calibration, name) for name in KINDS}
@@ -138,6 +144,7 @@ class CalibratedTimer:
             return 0.0
         step_kind = kind(work)
         seconds = sum(c * f for c, f in zip(self._coefficients[step_kind], features(self._shape, work), strict=True))
+        seconds *= self._speed.get(step_kind, 1.0)
         return float(seconds * self._batch_factor(work.seqs) if step_kind == KINDS[0] else seconds)
 
     def co_run_factor(self, work: StepWork) -> float:

@@ -4,7 +4,11 @@ and one decode worker process), TTFT and TPOT p50 and p90, predicted beside meas
 
 Each real run is taken `repeats` times, the four runs in turn (every run once, then every run again), and a
 figure is measured on the requests of all its repeats pooled: this host's speed moves by 10-15% from one minute
-to the next, so one run of each put a slow minute on one figure whole."""
+to the next, so one run of each put a slow minute on one figure whole.
+
+The profile carries its own minutes' host speed too, so the host-speed probe (`host_speed`) is timed before and
+after each real run, and each run is predicted with the calibrated step times scaled by the probe around it
+against the profile's; the report keeps the prediction at the profile's speed beside it."""
 
 from __future__ import annotations
 
@@ -16,7 +20,9 @@ import numpy as np
 from rich.progress import Progress
 
 from agents_eval.report import Table
+from agents_eval.sim.calibration import Calibration
 from agents_eval.sim.config import ClusterConfig, EngineKnobs, Pool
+from agents_eval.sim.host_speed import combine, probe, speed_factors
 from agents_eval.sim.real_runs import POLL_S, play
 from agents_eval.sim.run import simulate
 from agents_eval.sim.workload import SimSession, from_workload
@@ -34,7 +40,8 @@ WARM_UP_PROMPT_TOKENS = (256, 1024, 2048)  # each request of the warm-up, run to
 WARM_UP_OUTPUT_TOKENS = 8
 
 
-def cpu_cluster(deployment: str, calibration: Path, model: str) -> ClusterConfig:
+def cpu_cluster(deployment: str, calibration: Path, model: str,
+                host_speed: dict[str, float] | None = None) -> ClusterConfig:
     from engine.config import EngineSettings
     from engine.loader import resolve_model
     from engine.requests import num_kv_blocks
@@ -47,7 +54,8 @@ def cpu_cluster(deployment: str, calibration: Path, model: str) -> ClusterConfig
                         max_kv_blocks=num_kv_blocks(resolve_model(model).config, settings))
     return ClusterConfig(name=deployment, model=model, dtype="float32", pools=pools, engine=knobs, transport="shm",
                          calibration=str(calibration), session_ttl_s=TTL_S, controller=len(roles) > 1,
-                         worker_processes=len(roles) > 1)  # colocated: the LLMEngine in process
+                         worker_processes=len(roles) > 1,  # colocated: the LLMEngine in process
+                         host_speed=host_speed or {})
 
 
 def measure(deployment: str, sessions: list[SimSession], model: str) -> list[tuple[float, float]]:
@@ -99,49 +107,88 @@ def validate(calibration: Path, seed: int = 0, model: str = "small", repeats: in
         raise ValueError("--repeats must be at least 1")
     workloads = {rate: from_workload(swe.build(seed=seed, rate=rate, duration_s=DURATION_S,
                                                max_requests=MAX_REQUESTS)) for rate in RATES}
-    measured: dict[tuple[str, float], list[np.ndarray]] = {}
-    order = run_order(repeats)
-    with Progress(transient=True) as progress:
-        task = progress.add_task("real runs", total=len(order))
-        for deployment, rate in order:
-            progress.update(task, description=f"real run: {deployment}, {rate} sessions/s")
-            runs = measured.setdefault((deployment, rate), [])
-            runs.append(np.array(measure(deployment, workloads[rate], model)))
-            progress.advance(task)
+    measured, speeds = real_runs(workloads, model, repeats)
+    fitted = Calibration.load(calibration)
     rows = []
     for (deployment, rate), runs in measured.items():
-        cluster, _ = simulate(cpu_cluster(deployment, calibration, model), workloads[rate])
-        predicted = np.array([(r.ttft_s, r.tpot_s) for r in cluster.log.requests])
-        rows += figure_rows(deployment, rate, predicted, runs)
-    worst = max(row["relative_error"] for row in rows)
-    return {"validation": {"max_relative_error": worst, "rows": rows, "calibration": str(calibration),
+        factors = [speed_factors(fitted, around) for around in speeds[deployment, rate]]
+        cluster = functools.partial(cpu_cluster, deployment, calibration, model)
+        adjusted = np.concatenate([predict(cluster(f), workloads[rate]) for f in factors])
+        figures = figure_rows(deployment, rate, adjusted, runs, unadjusted=predict(cluster(), workloads[rate]))
+        rows += [{**row, "host_speed": factors} for row in figures]
+    return {"validation": {"max_relative_error": max(row["relative_error"] for row in rows),
+                           "max_relative_error_unadjusted": max(row["relative_error_unadjusted"] for row in rows),
+                           "rows": rows, "calibration": str(calibration), "host_reference": fitted.host_reference,
                            "model": model, "rates": RATES, "duration_s": DURATION_S, "max_requests": MAX_REQUESTS,
                            "repeats": repeats},
             "notes": ["Measured on this machine's 2 CPU cores while other work ran on them: the real runs' "
                       "timings carry that load (see machine.load_average).",
                       f"Each real run was taken {repeats} times, in turn; a figure is measured on the requests of "
-                      "its runs pooled, and each run's own figure is in `runs`."],
+                      "its runs pooled, and each run's own figure is in `runs`.",
+                      "`predicted` runs the calibration at the host's speed around each run (the host-speed probe "
+                      "before and after it against the profile's, `host_speed` per run); `predicted_unadjusted` "
+                      "at the profile's speed."],
             "tables": [_table(rows)]}
 
 
-def figure_rows(deployment: str, rate: float, predicted: np.ndarray, runs: list[np.ndarray]) -> list[dict[str, Any]]:
-    """One row per figure: predicted, measured on every run's (TTFT, TPOT) rows pooled, and each run's own."""
+Key = tuple[str, float]
+
+
+def predict(cluster: ClusterConfig, sessions: list[SimSession]) -> np.ndarray:
+    """The simulated requests' (TTFT, TPOT) rows."""
+    simulated, _ = simulate(cluster, sessions)
+    return np.array([(r.ttft_s, r.tpot_s) for r in simulated.log.requests])
+
+
+def real_runs(workloads: dict[float, list[SimSession]], model: str, repeats: int
+              ) -> tuple[dict[Key, list[np.ndarray]], dict[Key, list[dict[str, float]]]]:
+    """Every real run of `run_order`: its requests' (TTFT, TPOT) rows, and the host-speed probe around it (the
+    median of the probe before and after it, on an in-process engine kept apart from the run's)."""
+    from engine.config import EngineSettings
+    from engine.llm_engine import LLMEngine
+
+    prober = LLMEngine(model, EngineSettings(num_threads=1))
+    probe(prober, repeats=1)  # its first passes, untimed
+    measured: dict[Key, list[np.ndarray]] = {}
+    speeds: dict[Key, list[dict[str, float]]] = {}
+    order = run_order(repeats)
+    with Progress(transient=True) as progress:
+        task = progress.add_task("real runs", total=len(order))
+        for deployment, rate in order:
+            progress.update(task, description=f"real run: {deployment}, {rate} sessions/s")
+            before = probe(prober)
+            measured.setdefault((deployment, rate), []).append(np.array(measure(deployment, workloads[rate], model)))
+            speeds.setdefault((deployment, rate), []).append(combine([before, probe(prober)]))
+            progress.advance(task)
+    return measured, speeds
+
+
+def figure_rows(deployment: str, rate: float, predicted: np.ndarray, runs: list[np.ndarray],
+                unadjusted: np.ndarray | None = None) -> list[dict[str, Any]]:
+    """One row per figure: predicted, measured on every run's (TTFT, TPOT) rows pooled, and each run's own;
+    `unadjusted`: the prediction at the profile's host speed beside it (default: `predicted`)."""
+    unadjusted = predicted if unadjusted is None else unadjusted
     pooled = np.concatenate(runs)
     rows = []
     for column, metric in enumerate(("ttft", "tpot")):
         for quantile in (50, 90):
-            p = float(np.percentile(predicted[:, column], quantile))
-            m = float(np.percentile(pooled[:, column], quantile))
+            p, u, m = (float(np.percentile(a[:, column], quantile)) for a in (predicted, unadjusted, pooled))
             rows.append({"deployment": deployment, "rate": rate, "figure": f"{metric}_p{quantile}_s",
-                         "predicted": p, "measured": m, "relative_error": abs(p - m) / m if m else float("inf"),
+                         "predicted": p, "measured": m, "relative_error": _error(p, m),
+                         "predicted_unadjusted": u, "relative_error_unadjusted": _error(u, m),
                          "requests": len(runs[0]),
                          "runs": [float(np.percentile(run[:, column], quantile)) for run in runs]})
     return rows
 
 
+def _error(predicted: float, measured: float) -> float:
+    return abs(predicted - measured) / measured if measured else float("inf")
+
+
 def _table(rows: list[dict[str, Any]]) -> Table:
     cells = [[r["deployment"], f"{r['rate']}", r["figure"], f"{1000 * r['predicted']:.1f}",
               f"{1000 * r['measured']:.1f}", ", ".join(f"{1000 * run:.1f}" for run in r["runs"]),
-              f"{100 * r['relative_error']:.1f}%"] for r in rows]
+              f"{100 * r['relative_error']:.1f}%", f"{1000 * r['predicted_unadjusted']:.1f}",
+              f"{100 * r['relative_error_unadjusted']:.1f}%"] for r in rows]
     return Table("Predicted against measured (ms)", ["deployment", "sessions/s", "figure", "predicted", "measured",
-                                                    "each run", "error"], cells)
+                                                    "each run", "error", "at profile speed", "its error"], cells)

@@ -44,7 +44,8 @@ def _samples() -> list[StepSample]:
 
 def test_fit_recovers_coefficients_and_file_round_trips(tmp_path: Path) -> None:
     samples = _samples()
-    calibration = fit("tiny", "float32", samples, {"host": "test"}, idle_penalty=((0.5, 0.01), (2.0, 0.04)))
+    calibration = fit("tiny", "float32", samples, {"host": "test"}, idle_penalty=((0.5, 0.01), (2.0, 0.04)),
+                      host_reference={"decode": 0.2, "prefill": 0.3})
     for name in FEATURES:  # a decode step's linear FLOPs are a multiple of its sequences: only its times are unique
         assert calibration.coefficients["prefill"][name] == pytest.approx(TRUE["prefill"][name], rel=1e-6)
     path = tmp_path / "calibration.json"
