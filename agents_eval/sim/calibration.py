@@ -24,6 +24,9 @@ describes, so each pays it on a step that starts while another is mid-step.
 worker and its first token's trip back (messages over pipes, the coordinator's poll), measured by the profile;
 `worker_idle_penalty`: the idle penalty of a worker process, which pays more than the in-process engine to
 wake from its wait. A cluster of worker processes (`ClusterConfig.worker_processes`) pays both.
+
+`host_reference`: per step kind, the host-speed probe's seconds during the profile (`host_speed`); a timer given
+`host_speed` factors (the probe around a run against this) runs its fitted step times at that run's speed.
 """
 
 from __future__ import annotations

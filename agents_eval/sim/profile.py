@@ -48,6 +48,7 @@ IDLE_REPEATS = 5
 IDLE_TURN = (512, 8)  # (cached prefix, delta) of the turn timed after each gap
 CO_RUN_ROUNDS = ((512, 1), (128, 4), (1024, 1))  # (prompt tokens, requests) timed alone and beside a neighbour
 NEIGHBOUR_STREAMS, NEIGHBOUR_PROMPT_TOKENS = 4, 256
+CO_RUN_PAIRS = 3  # alone, then beside the neighbour, in turn
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,6 @@ def profile_engine(model: str, max_tokens: int, seed: int) -> Profile:
     # random prompts share no prefix, so the cache hits only where a turn reuses its history
     engine = LLMEngine(model, EngineSettings(num_threads=1))
     rng, samples = random.Random(seed), []
-    probe(engine, repeats=1)  # its first passes, untimed
     probes = [probe(engine)]
     for length in PROMPT_LENGTHS:
         for size in BATCH_SIZES:
@@ -141,8 +141,10 @@ def idle_penalty(engine: LLMEngine, rng: random.Random, max_tokens: int) -> tupl
 
 
 def co_run_slowdown(model: str, engine: LLMEngine, rng: random.Random, max_tokens: int) -> dict[str, float]:
-    """Per step kind, the CO_RUN_ROUNDS' steps beside a neighbour process decoding over the same steps alone
-    (the rounds run the same shapes each time, so their steps pair up)."""
+    """Per step kind, the median over CO_RUN_PAIRS of the CO_RUN_ROUNDS' steps beside a neighbour process
+    decoding over the same steps alone (the rounds run the same shapes each time, so their steps pair up). Alone
+    and beside alternate, the neighbour paused between: one pair of each put the host's drift between them on
+    the factor (1.03 for decode steps in one profile, 1.36 in another)."""
     import multiprocessing as mp
 
     def rounds() -> list[StepSample]:
@@ -150,18 +152,31 @@ def co_run_slowdown(model: str, engine: LLMEngine, rng: random.Random, max_token
                 for s in _round(engine, [_tokens(engine, rng, length) for _ in range(size)], max_tokens)]
 
     rounds()  # warm
-    alone = rounds()
     context = mp.get_context("spawn")
-    ready, stop = context.Event(), context.Event()
-    neighbour = context.Process(target=_decode_until, args=(model, ready, stop), daemon=True)
+    running, decoding, stop = context.Event(), context.Event(), context.Event()
+    neighbour = context.Process(target=_decode_while, args=(model, running, decoding, stop), daemon=True)
     neighbour.start()
+    ratios: dict[str, list[float]] = {}
     try:
-        if not ready.wait(120):
-            raise RuntimeError("the co-run neighbour did not start decoding within 120 s")
-        beside = rounds()
+        for _ in range(CO_RUN_PAIRS):
+            alone = rounds()
+            running.set()
+            if not decoding.wait(120):
+                raise RuntimeError("the co-run neighbour did not start decoding within 120 s")
+            beside = rounds()
+            running.clear()
+            while decoding.is_set() and neighbour.is_alive():  # it finishes its step, then waits
+                time.sleep(0.01)
+            for name, ratio in _ratios_by_kind(alone, beside).items():
+                ratios.setdefault(name, []).append(ratio)
     finally:
         stop.set()
+        running.set()
         neighbour.join(30)
+    return {name: statistics.median(values) for name, values in ratios.items()}
+
+
+def _ratios_by_kind(alone: list[StepSample], beside: list[StepSample]) -> dict[str, float]:
     totals: dict[str, list[float]] = {}
     for lone, paired in zip(alone, beside, strict=True):
         sums = totals.setdefault(kind(lone.work), [0.0, 0.0])
@@ -169,18 +184,24 @@ def co_run_slowdown(model: str, engine: LLMEngine, rng: random.Random, max_token
     return {name: beside_s / alone_s for name, (alone_s, beside_s) in totals.items()}
 
 
-def _decode_until(model: str, ready: Any, stop: Any) -> None:
-    """The neighbour: one engine (one thread) decoding NEIGHBOUR_STREAMS long replies until told to stop."""
+def _decode_while(model: str, running: Any, decoding: Any, stop: Any) -> None:
+    """The neighbour: one engine (one thread) decoding NEIGHBOUR_STREAMS long replies while `running` is set
+    (`decoding` set once they are past their prefill, cleared when it pauses), until `stop`."""
     from engine.config import EngineSettings
     from engine.llm_engine import LLMEngine
 
     engine, rng = LLMEngine(model, EngineSettings(num_threads=1)), random.Random(1)
     while not stop.is_set():
+        if not running.is_set():
+            decoding.clear()
+            running.wait(0.1)
+            continue
         while len(engine.scheduler.running) + len(engine.scheduler.waiting) < NEIGHBOUR_STREAMS:
             engine.add_request(_tokens(engine, rng, NEIGHBOUR_PROMPT_TOKENS), _params(256))
         engine.step()
-        if not ready.is_set() and all(s.num_computed_tokens >= s.num_prompt_tokens for s in engine.scheduler.running):
-            ready.set()
+        if not decoding.is_set() and all(s.num_computed_tokens >= s.num_prompt_tokens
+                                         for s in engine.scheduler.running):
+            decoding.set()
 
 
 def worker_process(model: str, in_process: LLMEngine, rng: random.Random

@@ -148,7 +148,6 @@ def real_runs(workloads: dict[float, list[SimSession]], model: str, repeats: int
     from engine.llm_engine import LLMEngine
 
     prober = LLMEngine(model, EngineSettings(num_threads=1))
-    probe(prober, repeats=1)  # its first passes, untimed
     measured: dict[Key, list[np.ndarray]] = {}
     speeds: dict[Key, list[dict[str, float]]] = {}
     order = run_order(repeats)

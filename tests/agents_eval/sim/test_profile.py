@@ -14,7 +14,7 @@ from agents_eval.sim.calibration import CalibratedTimer, fit
 def test_profile_samples_every_step_kind_and_the_idle_penalty(monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in {"PROMPT_LENGTHS": (16, 128), "BATCH_SIZES": (1, 4), "CACHED_PREFIXES": (64,),
                         "TURN_DELTAS": (8,), "TURN_BATCHES": (1, 2), "DECODERS": (2,), "IDLE_GAPS_S": (0.01, 0.02),
-                        "IDLE_REPEATS": 1, "IDLE_TURN": (64, 8)}.items():
+                        "IDLE_REPEATS": 1, "IDLE_TURN": (64, 8), "CO_RUN_PAIRS": 2}.items():
         monkeypatch.setattr(profile, name, value)
     measured = profile.profile_engine("tiny", max_tokens=4, seed=0)
     samples, idle_penalty = measured.samples, measured.idle_penalty
