@@ -116,8 +116,10 @@ def validate(calibration: Path, seed: int = 0, model: str = "small", repeats: in
         adjusted = np.concatenate([predict(cluster(f), workloads[rate]) for f in factors])
         figures = figure_rows(deployment, rate, adjusted, runs, unadjusted=predict(cluster(), workloads[rate]))
         rows += [{**row, "host_speed": factors} for row in figures]
-    return {"validation": {"max_relative_error": max(row["relative_error"] for row in rows),
-                           "max_relative_error_unadjusted": max(row["relative_error_unadjusted"] for row in rows),
+    # the headline stays at the profile's speed: in two runs the probe-adjusted figures were not closer (run 14:
+    # 0.209 without its broken first factor, against 0.121), see docs/simulator.md
+    return {"validation": {"max_relative_error": max(row["relative_error_unadjusted"] for row in rows),
+                           "max_relative_error_host_adjusted": max(row["relative_error"] for row in rows),
                            "rows": rows, "calibration": str(calibration), "host_reference": fitted.host_reference,
                            "model": model, "rates": RATES, "duration_s": DURATION_S, "max_requests": MAX_REQUESTS,
                            "repeats": repeats},
@@ -125,9 +127,10 @@ def validate(calibration: Path, seed: int = 0, model: str = "small", repeats: in
                       "timings carry that load (see machine.load_average).",
                       f"Each real run was taken {repeats} times, in turn; a figure is measured on the requests of "
                       "its runs pooled, and each run's own figure is in `runs`.",
-                      "`predicted` runs the calibration at the host's speed around each run (the host-speed probe "
-                      "before and after it against the profile's, `host_speed` per run); `predicted_unadjusted` "
-                      "at the profile's speed."],
+                      "`predicted_unadjusted` (max_relative_error) runs the calibration at the profile's speed; "
+                      "`predicted` at the host's speed around each run (the host-speed probe "
+                      "before and after it against the profile's, `host_speed` per run; "
+                      "max_relative_error_host_adjusted)."],
             "tables": [_table(rows)]}
 
 
