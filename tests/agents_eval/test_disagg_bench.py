@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from agents_eval.bench.disagg.bench import ROLE_SWAPS, Workload, prefills_due, run_benchmark
+from agents_eval.bench.disagg.bench import ROLE_SWAPS, Workload, _Streams, prefills_due, run_benchmark
 from agents_eval.report import JSON_NAME, MARKDOWN_NAME
 from engine.config import EngineSettings
+from engine.output import RequestOutput
 
 WORKLOAD = Workload(decodes=2, decode_prompt=16, decode_tokens=24, prefills=4, prefill_prompt=384,
                     prefill_every_s=0.25)
@@ -33,6 +34,18 @@ def report(out_dir: Path) -> dict[str, Any]:
 
 def test_prefills_are_due_by_the_clock_alone() -> None:
     assert [prefills_due(t, 0.5, 4) for t in (0.0, 0.49, 0.5, 1.2, 1.5, 60.0)] == [1, 1, 2, 3, 4, 4]
+
+
+def _out(request_id: str, tokens: int) -> RequestOutput:
+    return RequestOutput(request_id, [7] * tokens, "", False, None, 4, 0)
+
+
+def test_a_requests_outputs_within_one_step_are_one_arrival() -> None:
+    streams = _Streams({"d"})
+    streams.planned["p"] = 0.5
+    streams.record([_out("d", 1), _out("p", 1)], 1.0)
+    streams.record([_out("d", 1), _out("d", 1), _out("d", 2)], 1.4)  # a backlog of 4 tokens read in one step
+    assert streams.gaps == pytest.approx([0.1] * 4) and streams.ttfts == [0.5]
 
 
 def test_a_workload_that_cannot_run_is_refused() -> None:

@@ -92,15 +92,21 @@ class _Streams:
         self.planned: dict[str, float] = {}  # prefill request -> its planned release (monotonic)
         self.ttfts: list[float] = []
 
-    def record(self, out: RequestOutput, now: float) -> None:
-        if out.request_id in self.planned and out.new_token_ids:
-            self.ttfts.append(now - self.planned.pop(out.request_id))
-        if out.request_id not in self.decodes or not out.new_token_ids:
-            return
-        if out.request_id in self.last_seen:
-            gap = (now - self.last_seen[out.request_id]) / len(out.new_token_ids)
-            self.gaps.extend([gap] * len(out.new_token_ids))
-        self.last_seen[out.request_id] = now
+    def record(self, outs: list[RequestOutput], now: float) -> None:
+        """One engine step's outputs, all seen at now: a request's outputs within one step are one arrival (a
+        backlog read at once is not a run of zero-length token gaps)."""
+        new_tokens: dict[str, int] = {}
+        for out in outs:
+            if out.new_token_ids:
+                new_tokens[out.request_id] = new_tokens.get(out.request_id, 0) + len(out.new_token_ids)
+        for request_id, count in new_tokens.items():
+            if request_id in self.planned:
+                self.ttfts.append(now - self.planned.pop(request_id))
+            if request_id not in self.decodes:
+                continue
+            if request_id in self.last_seen:
+                self.gaps.extend([(now - self.last_seen[request_id]) / count] * count)
+            self.last_seen[request_id] = now
 
 
 def drive(engine: Engine, workload: Workload) -> InterferenceResult:
@@ -122,8 +128,8 @@ def drive(engine: Engine, workload: Workload) -> InterferenceResult:
             streams.planned[request_id] = planned
             lags.append(now - planned)
         next_release = start + len(lags) * period if len(lags) < len(prompts) else now + MAX_WAIT_S
-        for out in engine.step(min(MAX_WAIT_S, max(0.0, next_release - time.monotonic()))):
-            streams.record(out, time.monotonic())
+        outs = engine.step(min(MAX_WAIT_S, max(0.0, next_release - time.monotonic())))
+        streams.record(outs, time.monotonic())
     gaps = streams.gaps
     return InterferenceResult(_ms(_quantile(gaps, 0.5)), _ms(_quantile(gaps, 0.99)), _ms(max(gaps)),
                               time.monotonic() - start, _ms(statistics.median(streams.ttfts)), _ms(max(lags)), gaps)
