@@ -19,6 +19,7 @@ from engine.llm_engine import LLMEngine
 from gateway import admin, chat, content_log, ops, responses, responses_ws
 from gateway.admission import AdmissionController
 from gateway.auth import HoldLimits, KeyRing
+from gateway.direct import DirectRoutes, call_direct, direct_endpoint
 from gateway.errors import error_body, install_error_handlers
 from gateway.load_signals import LoadSignals
 from gateway.metrics import Metrics
@@ -119,7 +120,9 @@ def create_app(settings: GatewaySettings | None = None, engine: ServingEngine | 
     install_error_handlers(app)
     for router in (chat.router, ops.router, responses.router, responses_ws.router, admin.router):
         app.include_router(router)
-    app.add_middleware(Guard, state=state)
+    app.add_middleware(Guard, state=state, direct={("POST", "/v1/chat/completions"): chat.chat_completions,
+                                                   ("POST", "/v1/completions"): chat.completions,
+                                                   ("POST", "/v1/responses"): responses.create_response})
     if isinstance(state.engine, UpstreamEngine):
         app.add_middleware(MaskHeaders)
     return app
@@ -127,10 +130,11 @@ def create_app(settings: GatewaySettings | None = None, engine: ServingEngine | 
 
 class Guard:
     """Pure ASGI middleware: refuses bodies over the limit (413) and new work while draining (503), and
-    counts in-flight API requests until their last byte is sent (streams included), for the drain."""
+    counts in-flight API requests until their last byte is sent (streams included), for the drain. The hot
+    routes in `direct` are called from here, past the router (`gateway.direct`)."""
 
-    def __init__(self, app: ASGIApp, state: GatewayState) -> None:
-        self.app, self.state = app, state
+    def __init__(self, app: ASGIApp, state: GatewayState, direct: DirectRoutes | None = None) -> None:
+        self.app, self.state, self.direct = app, state, direct or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
@@ -145,8 +149,12 @@ class Guard:
             await _reply(send, 413, _too_large(limit))
             return
         self.state.in_flight += 1
+        endpoint = direct_endpoint(self.direct, scope)
         try:
-            await self.app(scope, _limited(receive, limit), send)
+            if endpoint is None:
+                await self.app(scope, _limited(receive, limit), send)
+            else:
+                await call_direct(endpoint, scope, _limited(receive, limit), send)
         except BodyTooLarge:
             await _reply(send, 413, _too_large(limit))
         finally:

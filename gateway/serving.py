@@ -95,8 +95,8 @@ async def generate_choices(gw: GatewayState, prompt: Sequence[int], params: list
         async for index, out in (_single(streams[0]) if len(streams) == 1 else _merge(streams)):
             observed.output(index, out)
             yield index, out
-    finally:
-        observed.done(stats)
+    finally:  # the turn's bookkeeping (metrics, admission, load signals) after the response's last bytes
+        asyncio.get_running_loop().call_soon(observed.done, stats)
 
 
 def _overloaded(decision: AdmissionDecision) -> APIError:

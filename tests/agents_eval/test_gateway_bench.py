@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from agents_eval.bench.gateway import steps as bench_steps
 from agents_eval.bench.gateway.bench import BenchResult, GatewayBenchSettings, run_benchmark
 from agents_eval.bench.gateway.client import CHAT, WS
 from engine.config import EngineSettings
 from gateway.cli import EXIT_BAD_INPUT, main
+from trajectory import step_timer
 
 SETTINGS = GatewayBenchSettings(model="tiny", requests=4, concurrency=(1, 4), rounds=1, turns=3, sessions=1)
 ENGINE_SETTINGS = EngineSettings(num_kv_blocks=512)
@@ -77,3 +80,19 @@ def test_cli_rejects_a_session_longer_than_the_context(tmp_path: Path, capsys: p
     assert exit_info.value.code == EXIT_BAD_INPUT
     assert "more than the model's context of 2048" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_step_wrappers_are_gone_after_the_step_waves() -> None:
+    class Ledger:
+        def try_admit(self) -> str:
+            return "class"
+
+    ledger, metrics = Ledger(), Ledger()
+    metrics.finished = lambda: "own"  # type: ignore[attr-defined]  # an instance's own callable
+    state = SimpleNamespace(admission=ledger, metrics=metrics, signals=object())
+    with bench_steps.instrumented(state):  # type: ignore[arg-type]
+        assert "try_admit" in vars(ledger) and ledger.try_admit() == "class"
+        times = step_timer.timing("other")
+        metrics.finished()  # type: ignore[attr-defined]
+        assert "metrics" in times.finish()
+    assert "try_admit" not in vars(ledger) and metrics.finished() == "own"  # type: ignore[attr-defined]

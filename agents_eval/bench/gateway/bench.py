@@ -135,7 +135,6 @@ def run_benchmark(settings: GatewayBenchSettings, out_dir: Path,
         engine.shutdown()
         raise
     with running_gateway(_gateway_settings(settings), engine) as gw:
-        bench_steps.instrument(gw.state)
         overhead, session = _measure(settings, gw, pairs, warm)
     load_at_end = os.getloadavg()
     report = {

@@ -7,6 +7,7 @@ HTTP front and the gateway's work. They take turns on the same engine, never at 
 waves of `concurrency`, and each wave runs through one path, then the other (the first one flipping from
 wave to wave), the prefix cache emptied before each, so drift on a shared machine falls on both. The
 engine path gets the token ids, masked spans and sampling parameters the gateway builds from the same body.
+The gateway's steps are timed on waves of their own, after these (`time_steps`).
 """
 
 from __future__ import annotations
@@ -102,7 +103,8 @@ def run_gateway_wave(gw: RunningGateway, client: ClientProcess, wave: list[ChatR
         usage = result["usage"]
         samples.add(result["latency_s"], usage["completion_tokens"], usage["prompt_tokens_details"]["cached_tokens"])
         samples.server_s.append(gw.probe.seconds.pop(result["id"]))
-        samples.steps_ns.append(gw.probe.steps.pop(result["id"]))
+        if result["id"] in gw.probe.steps:
+            samples.steps_ns.append(gw.probe.steps.pop(result["id"]))
 
 
 async def _thread_time() -> float:
@@ -123,7 +125,24 @@ def measure_level(gw: RunningGateway, client: ClientProcess, requests: list[Chat
                 run_engine_wave(gw, wave, concurrency, runs[ENGINE])
             else:
                 run_gateway_wave(gw, client, wave, concurrency, runs[GATEWAY], f"c{concurrency}-{turn}")
+    runs[GATEWAY].steps_ns = time_steps(gw, client, waves, concurrency)
     return runs
+
+
+def time_steps(gw: RunningGateway, client: ClientProcess, waves: list[list[ChatRequest]],
+               concurrency: int) -> list[dict[str, int]]:
+    """Each wave once more through the gateway, step timers on: the gateway's time per request by step. Not
+    the latency waves: their probes and wrappers would count in the overhead."""
+    samples = PathSamples()
+    gw.probe.time_steps = True
+    try:
+        with steps.instrumented(gw.state):
+            for index, wave in enumerate(waves):
+                reset_prefix_cache(gw.engine)
+                run_gateway_wave(gw, client, wave, concurrency, samples, f"c{concurrency}-steps-{index}")
+    finally:
+        gw.probe.time_steps = False
+    return samples.steps_ns
 
 
 def warm_up(gw: RunningGateway, client: ClientProcess, requests: list[ChatRequest], concurrency: int) -> None:

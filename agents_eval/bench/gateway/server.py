@@ -1,7 +1,8 @@
 """The gateway under test for `agentserve bench gateway`: uvicorn in a thread of the benchmark process (as
 `agentserve serve` runs it: uvloop, httptools; no access log), behind an ASGI wrapper that times each
-request inside the server, from the app being called to its last body byte handed to uvicorn, and that
-hands out the server's event loop, so the engine-only path can run on the very loop the gateway uses."""
+request inside the server, from the app being called to its last body byte handed to uvicorn (and, while
+`ServerProbe.time_steps` is on, step by step), and that hands out the server's event loop, so the
+engine-only path can run on the very loop the gateway uses."""
 
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ class ServerProbe:
     seconds: dict[str, float] = field(default_factory=dict)
     steps: dict[str, dict[str, int]] = field(default_factory=dict)
     loop: asyncio.AbstractEventLoop | None = None
+    time_steps: bool = False  # step timers on: their probes cost time, so the latency waves run without them
 
 
 class TimedApp:
@@ -55,16 +57,21 @@ class TimedApp:
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
-        steps = step_timer.timing(OUTSIDE_STEPS)
-        steps.enter(PARSE_STEP)  # until the route's handler starts
+        steps = step_timer.timing(OUTSIDE_STEPS) if self.probe.time_steps else None
+        if steps is not None:
+            steps.enter(PARSE_STEP)  # until the route's handler starts
 
         async def timed_send(message: Message) -> None:
-            steps.enter(SEND_STEP)
+            if steps is not None:
+                steps.enter(SEND_STEP)
             await send(message)
-            steps.leave(SEND_STEP)
             if message["type"] == "http.response.body" and not message.get("more_body", False):
                 self.probe.seconds[bench_id] = time.perf_counter() - start
-                self.probe.steps[bench_id] = steps.finish()
+                if steps is not None:
+                    steps.leave(SEND_STEP)
+                    self.probe.steps[bench_id] = steps.finish()
+            elif steps is not None:
+                steps.leave(SEND_STEP)
 
         await self.app(scope, receive, timed_send)
 
