@@ -14,7 +14,7 @@ from queue import Empty, SimpleQueue
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from engine.mask import MaskedSpan
-from engine.output import RequestOutput
+from engine.output import FirstAndFinal, RequestOutput
 from engine.requests import Prompt
 from engine.sampling import RequestError, SamplingParams
 from engine.sequence import SessionRef
@@ -80,7 +80,9 @@ class AsyncLLMEngine:
     def __init__(self, engine: ServingEngine) -> None:
         self.engine = engine
         self._commands: SimpleQueue[Callable[[], object]] = SimpleQueue()  # run for effect
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[_Item]]] = {}
+        # request id -> (its caller's loop, its queue, whether it wants every token's output)
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[_Item], bool]] = {}
+        self._first_and_final = FirstAndFinal()  # the engine thread's, for streams that want their ends only
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="agentserve-engine", daemon=True)
@@ -100,8 +102,9 @@ class AsyncLLMEngine:
 
     async def generate(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *,
                        masked_spans: Sequence[MaskedSpan] = (),
-                       session: SessionRef | None = None) -> AsyncIterator[RequestOutput]:
-        """Stream the request's outputs; raises RequestError before the first output on bad input."""
+                       session: SessionRef | None = None, every_token: bool = True) -> AsyncIterator[RequestOutput]:
+        """Stream the request's outputs; raises RequestError before the first output on bad input. Without
+        `every_token`, only two: the first token's and the last, which carries every delta since the first."""
         if self._stopping.is_set():
             raise EngineDeadError("engine is shut down")
         token_ids = self.engine.validate(prompt, params)
@@ -109,7 +112,7 @@ class AsyncLLMEngine:
         if request_id in self._streams:
             raise RequestError(f"request id {request_id!r} is already running")
         queue: asyncio.Queue[_Item] = asyncio.Queue()
-        self._streams[request_id] = (asyncio.get_running_loop(), queue)
+        self._streams[request_id] = (asyncio.get_running_loop(), queue, every_token)
         self._submit(lambda: self._add(token_ids, params, request_id, masked_spans, session))
         finished = False
         try:
@@ -125,7 +128,11 @@ class AsyncLLMEngine:
                 self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
-        self._submit(lambda: self.engine.abort(request_id))
+        self._submit(lambda: self._abort(request_id))
+
+    def _abort(self, request_id: str) -> None:
+        self.engine.abort(request_id)
+        self._first_and_final.forget(request_id)
 
     def call(self, fn: Callable[[ServingEngine], object]) -> None:
         """Run fn(engine) on the engine thread between two steps."""
@@ -196,13 +203,21 @@ class AsyncLLMEngine:
         batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[_Item], _Item]]] = {}
         for request_id, item in items:
             stream = self._streams.get(request_id)
-            if stream is not None:
-                batches.setdefault(stream[0], []).append((stream[1], item))
+            if stream is None:
+                self._first_and_final.forget(request_id)
+                continue
+            loop, queue, every_token = stream
+            if not every_token and isinstance(item, RequestOutput):
+                passed = self._first_and_final.pass_on(item)
+                if passed is None:
+                    continue
+                item = passed
+            batches.setdefault(loop, []).append((queue, item))
         for loop, batch in batches.items():
             try:
                 loop.call_soon_threadsafe(_put_all, batch)
             except RuntimeError:  # the caller's event loop is closed: nobody is listening any more
-                for request_id in [rid for rid, (owner, _) in list(self._streams.items()) if owner is loop]:
+                for request_id in [rid for rid, (owner, *_) in list(self._streams.items()) if owner is loop]:
                     self._streams.pop(request_id, None)
 
     def _abort_all(self, error: BaseException) -> None:

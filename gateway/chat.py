@@ -97,7 +97,7 @@ async def _chat_events(gw: GatewayState, body: ChatCompletionRequest, key: Store
         step_timer.leave("plan")
         step_timer.enter("engine")
         async for index, out in generate_choices(gw, plan.prompt_token_ids, params, stats, plan.masked_spans,
-                                                 session):
+                                                 session, every_token=body.stream):
             step_timer.enter("outputs")
             usage.prompt_tokens, usage.cached_tokens = out.num_prompt_tokens, out.num_cached_tokens
             usage.completion_tokens += len(out.new_token_ids)
@@ -132,7 +132,8 @@ async def completions(request: Request) -> Response:
     choices = [ChoiceResult(i, text=echoed) for i in range(body.n)]  # echo: the prompt, then the completion
     usage = Usage()
     created, completion_id = int(time.time()), f"cmpl-{uuid.uuid4().hex}"
-    events = generate_choices(gw, token_ids, params, TurnStats("completions", len(token_ids)))
+    events = generate_choices(gw, token_ids, params, TurnStats("completions", len(token_ids)),
+                              every_token=body.stream)
     if body.stream:
         chunks = _completion_chunks(await started(events), choices, usage, body, completion_id, created,
                                     gw.tokenizer.decode)

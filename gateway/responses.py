@@ -80,9 +80,11 @@ async def load_record(gw: GatewayState, key: StoreKey) -> dict[str, Any] | None:
 
 
 async def response_events(gw: GatewayState, body: ResponseCreateRequest, target: SessionTarget,
-                          save_response: bool) -> AsyncGenerator[Event]:
+                          save_response: bool, streamed: bool = True) -> AsyncGenerator[Event]:
     """One turn of the target session as response events. Bad input raises before the first event; a turn
-    that fails or is abandoned before its terminal event leaves the session as it was."""
+    that fails or is abandoned before its terminal event leaves the session as it was. Events nobody sees as
+    they come (`streamed` off: an HTTP response not streamed) take the engine's outputs at the first token and
+    the end only."""
     stream = ResponseStream(gw.model_name, body.echo(), parse_tools=bool(target.tools),
                             max_tool_calls=None if body.parallel_tool_calls else 1)
     async with gw.sessions.open(target.key, target.tools, target.principal.holds.sessions) as turn:
@@ -94,7 +96,7 @@ async def response_events(gw: GatewayState, body: ResponseCreateRequest, target:
             for event in stream.start():
                 yield event
             try:
-                async for event in _generate(gw, body, turn, plan, prompt, params, stream):
+                async for event in _generate(gw, body, turn, plan, prompt, params, stream, streamed):
                     yield event
             except Exception as error:  # the response has started: it fails in-band, as OpenAI's do
                 log.exception("response %s failed", stream.id)
@@ -138,10 +140,12 @@ def _prepare(gw: GatewayState, body: ResponseCreateRequest, target: SessionTarge
 
 
 async def _generate(gw: GatewayState, body: ResponseCreateRequest, turn: SessionTurn, plan: TurnPlan,
-                    prompt: list[int], params: SamplingParams, stream: ResponseStream) -> AsyncIterator[Event]:
+                    prompt: list[int], params: SamplingParams, stream: ResponseStream, streamed: bool
+                    ) -> AsyncIterator[Event]:
     session = plan.session if turn.persistent else None
     stats = turn_stats("responses", plan, turn.persistent)
-    async for _, out in generate_choices(gw, prompt, [params], stats, plan.masked_spans, session):
+    async for _, out in generate_choices(gw, prompt, [params], stats, plan.masked_spans, session,
+                                         every_token=streamed):
         if body.generate:
             for event in stream.add(out):
                 yield event
@@ -181,7 +185,7 @@ async def create_response(request: Request) -> Response:
         check_model(gw, body.model)
     new_session = f"resp_session_{uuid.uuid4().hex}" if body.store else None
     target = await resolve_session(gw, body, principal, new_session)
-    events = response_events(gw, body, target, save_response=body.store)
+    events = response_events(gw, body, target, save_response=body.store, streamed=body.stream)
     first = await anext(events)  # bad input raises here, before the stream starts
     if body.stream:
         return StreamingResponse(_sse(first, events), media_type="text/event-stream")

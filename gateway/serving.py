@@ -74,10 +74,12 @@ def turn_stats(endpoint: str, plan: TurnPlan, persistent: bool) -> TurnStats:
 
 async def generate_choices(gw: GatewayState, prompt: Sequence[int], params: list[SamplingParams],
                            stats: TurnStats, masked_spans: Sequence[MaskedSpan] = (),
-                           session: SessionRef | None = None) -> AsyncIterator[tuple[int, RequestOutput]]:
+                           session: SessionRef | None = None, every_token: bool = True
+                           ) -> AsyncIterator[tuple[int, RequestOutput]]:
     """Run len(params) choices of one prompt, once admission control lets it in; only choice 0 pins the
     session's KV. Raises APIError 503 (with Retry-After) when the queued prefill work would break the TTFT
-    SLO, or its streams with those in flight the TPOT SLO."""
+    SLO, or its streams with those in flight the TPOT SLO. Without `every_token` (a reply not streamed) each
+    choice gives two outputs, its first token's and its last (`AsyncLLMEngine.generate`)."""
     request_id = f"req-{uuid.uuid4().hex}"
     trace = gw.metrics.request_started(stats.endpoint)
     decode = sum(gw.signals.expected_output_tokens(stats.session_id, p.max_tokens) for p in params)
@@ -86,7 +88,8 @@ async def generate_choices(gw: GatewayState, prompt: Sequence[int], params: list
         gw.metrics.rejected(decision.reason)
         raise _overloaded(decision)
     streams = [gw.engine.generate(list(prompt), p, f"{request_id}-{index}", masked_spans=masked_spans,
-                                  session=session if index == 0 else None) for index, p in enumerate(params)]
+                                  session=session if index == 0 else None, every_token=every_token)
+               for index, p in enumerate(params)]
     gw.metrics.handed_to_engine(trace)
     observed = _Observed(gw, trace, request_id, time.monotonic())
     if stats.session_id is not None and stats.phase is not None:

@@ -92,7 +92,9 @@ class UpstreamEngine(AsyncLLMEngine):
 
     async def generate(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *,
                        masked_spans: Sequence[MaskedSpan] = (),
-                       session: SessionRef | None = None) -> AsyncIterator[RequestOutput]:
+                       session: SessionRef | None = None, every_token: bool = True) -> AsyncIterator[RequestOutput]:
+        """Every output the upstream streams, whatever `every_token` says: the upstream is read as a stream
+        either way (its failover resumes from the tokens seen)."""
         token_ids = self.engine.validate(prompt, params)
         request_id = request_id or f"req-{uuid.uuid4().hex}"
         request = build_request(self.served_model, current_turn.get(), token_ids, params, self.tokenizer,

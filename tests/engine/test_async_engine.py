@@ -65,6 +65,29 @@ async def test_cancelled_task_aborts(engine: AsyncLLMEngine) -> None:
     assert not engine.engine.has_unfinished()
 
 
+async def test_a_reply_not_streamed_comes_as_its_first_token_and_the_rest(engine: AsyncLLMEngine) -> None:
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1)
+    every = [out async for out in engine.generate("first and final", params)]
+    ends = [out async for out in engine.generate("first and final", params, every_token=False)]
+    assert len(every) == 12 and len(ends) == 2
+    assert len(ends[0].new_token_ids) == 1 and not ends[0].finished and ends[1].finished
+    for field in ("new_token_ids", "logprobs"):
+        assert sum((getattr(out, field) for out in ends), []) == sum((getattr(out, field) for out in every), [])
+    assert "".join(out.new_text for out in ends) == "".join(out.new_text for out in every)
+    assert ends[1].finish_reason == every[-1].finish_reason == "length"
+
+
+async def test_a_reply_not_streamed_left_early_holds_nothing(engine: AsyncLLMEngine) -> None:
+    stream = engine.generate("left early", SamplingParams(max_tokens=500, ignore_eos=True), every_token=False)
+    await anext(stream)  # the first token; the rest is being held
+    await stream.aclose()
+    for _ in range(200):
+        if not engine.engine.has_unfinished() and not len(engine._first_and_final):
+            break
+        await asyncio.sleep(0.01)
+    assert not engine.engine.has_unfinished() and len(engine._first_and_final) == 0
+
+
 async def test_bad_request_raises_before_streaming(engine: AsyncLLMEngine) -> None:
     with pytest.raises(RequestError, match="prompt is empty"):
         await collect(engine, "", SamplingParams())

@@ -81,7 +81,8 @@ async def _engine_wave(gw: RunningGateway, wave: list[ChatRequest], concurrency:
     async def one(index: int) -> tuple[float, int, int]:
         request, tokens, cached = wave[index], 0, 0
         start = time.perf_counter()
-        async for out in gw.engine.generate(request.prompt_ids, request.params, masked_spans=request.masked_spans):
+        async for out in gw.engine.generate(request.prompt_ids, request.params, masked_spans=request.masked_spans,
+                                            every_token=False):  # as the gateway asks for a reply not streamed
             tokens, cached = tokens + len(out.new_token_ids), out.num_cached_tokens
         return time.perf_counter() - start, tokens, cached
 
