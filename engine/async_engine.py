@@ -5,6 +5,7 @@ GIL), and each request is an async iterator of `RequestOutput` deltas. Leaving t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import uuid
@@ -14,7 +15,7 @@ from queue import Empty, SimpleQueue
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from engine.mask import MaskedSpan
-from engine.output import FirstAndFinal, RequestOutput
+from engine.output import RequestOutput
 from engine.requests import Prompt
 from engine.sampling import RequestError, SamplingParams
 from engine.sequence import SessionRef
@@ -80,9 +81,7 @@ class AsyncLLMEngine:
     def __init__(self, engine: ServingEngine) -> None:
         self.engine = engine
         self._commands: SimpleQueue[Callable[[], object]] = SimpleQueue()  # run for effect
-        # request id -> (its caller's loop, its queue, whether it wants every token's output)
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[_Item], bool]] = {}
-        self._first_and_final = FirstAndFinal()  # the engine thread's, for streams that want their ends only
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[_Item]]] = {}
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="agentserve-engine", daemon=True)
@@ -104,7 +103,10 @@ class AsyncLLMEngine:
                        masked_spans: Sequence[MaskedSpan] = (),
                        session: SessionRef | None = None, every_token: bool = True) -> AsyncIterator[RequestOutput]:
         """Stream the request's outputs; raises RequestError before the first output on bad input. Without
-        `every_token`, only two: the first token's and the last, which carries every delta since the first."""
+        `every_token`, only two: the first token's and the last, which carries every delta since the first
+        (`SamplingParams.every_token`, held where the tokens are made)."""
+        if not every_token and params.every_token:
+            params = dataclasses.replace(params, every_token=False)
         if self._stopping.is_set():
             raise EngineDeadError("engine is shut down")
         token_ids = self.engine.validate(prompt, params)
@@ -112,7 +114,7 @@ class AsyncLLMEngine:
         if request_id in self._streams:
             raise RequestError(f"request id {request_id!r} is already running")
         queue: asyncio.Queue[_Item] = asyncio.Queue()
-        self._streams[request_id] = (asyncio.get_running_loop(), queue, every_token)
+        self._streams[request_id] = (asyncio.get_running_loop(), queue)
         self._submit(lambda: self._add(token_ids, params, request_id, masked_spans, session))
         finished = False
         try:
@@ -128,11 +130,7 @@ class AsyncLLMEngine:
                 self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
-        self._submit(lambda: self._abort(request_id))
-
-    def _abort(self, request_id: str) -> None:
-        self.engine.abort(request_id)
-        self._first_and_final.forget(request_id)
+        self._submit(lambda: self.engine.abort(request_id))
 
     def call(self, fn: Callable[[ServingEngine], object]) -> None:
         """Run fn(engine) on the engine thread between two steps."""
@@ -203,21 +201,13 @@ class AsyncLLMEngine:
         batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[_Item], _Item]]] = {}
         for request_id, item in items:
             stream = self._streams.get(request_id)
-            if stream is None:
-                self._first_and_final.forget(request_id)
-                continue
-            loop, queue, every_token = stream
-            if not every_token and isinstance(item, RequestOutput):
-                passed = self._first_and_final.pass_on(item)
-                if passed is None:
-                    continue
-                item = passed
-            batches.setdefault(loop, []).append((queue, item))
+            if stream is not None:
+                batches.setdefault(stream[0], []).append((stream[1], item))
         for loop, batch in batches.items():
             try:
                 loop.call_soon_threadsafe(_put_all, batch)
             except RuntimeError:  # the caller's event loop is closed: nobody is listening any more
-                for request_id in [rid for rid, (owner, *_) in list(self._streams.items()) if owner is loop]:
+                for request_id in [rid for rid, (owner, _) in list(self._streams.items()) if owner is loop]:
                     self._streams.pop(request_id, None)
 
     def _abort_all(self, error: BaseException) -> None:

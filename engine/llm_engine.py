@@ -172,7 +172,9 @@ class LLMEngine:
                 rid = seq.request_id
                 logits = [result.logits[rid]] if rid in result.logits else []
                 logprobs = [result.logprobs[rid]] if rid in result.logprobs else []
-                outputs.append(self.outputs.make_output(seq, logits, logprobs))
+                out = self.outputs.make_output(seq, logits, logprobs)
+                if out is not None:
+                    outputs.append(out)
         return outputs
 
     def _finish_unschedulable(self) -> list[RequestOutput]:
@@ -181,7 +183,8 @@ class LLMEngine:
             return []
         seq = self.scheduler.waiting[0]
         self._finish(seq, "length")
-        return [self.outputs.make_output(seq)]
+        out = self.outputs.make_output(seq)  # finished: never held
+        return [out] if out is not None else []
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         if reason == "prefilled":

@@ -30,58 +30,23 @@ class RequestOutput:
     logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
-def merge_outputs(earlier: RequestOutput, later: RequestOutput) -> RequestOutput:
-    """Two consecutive deltas of one request as one."""
-    return RequestOutput(later.request_id, earlier.new_token_ids + later.new_token_ids,
-                         earlier.new_text + later.new_text, later.finished, later.finish_reason,
-                         later.num_prompt_tokens, later.num_cached_tokens, earlier.logits + later.logits,
-                         earlier.logprobs + later.logprobs)
-
-
-class FirstAndFinal:
-    """The outputs of requests that want only their first token and their end, as vLLM's `FINAL_ONLY` (the
-    gateway's non-streaming replies: the first token retires the prompt's admitted work and times the TTFT,
-    the rest is read at the end). The deltas between are merged into the final output, so a reply of n tokens
-    is two hand-offs to the event loop instead of n. One thread uses it."""
-
-    def __init__(self) -> None:
-        self._held: dict[str, RequestOutput] = {}
-        self._started: set[str] = set()  # requests whose first token was passed on
-
-    def pass_on(self, out: RequestOutput) -> RequestOutput | None:
-        """The output to deliver now, or None: held, merged with what follows."""
-        request_id = out.request_id
-        held = self._held.pop(request_id, None)
-        merged = out if held is None else merge_outputs(held, out)
-        if merged.finished:
-            self._started.discard(request_id)
-            return merged
-        if merged.new_token_ids and request_id not in self._started:
-            self._started.add(request_id)
-            return merged
-        self._held[request_id] = merged
-        return None
-
-    def forget(self, request_id: str) -> None:
-        self._held.pop(request_id, None)
-        self._started.discard(request_id)
-
-    def __len__(self) -> int:
-        return len(self._held) + len(self._started)
-
-
 @dataclass
 class _TextState:
     text: str = ""  # full decoded output, truncated at a stop string
     emitted_chars: int = 0
     emitted_tokens: int = 0
+    held_logits: list[torch.Tensor] = field(default_factory=list)  # steps since the last output not every_token
+    held_logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 class OutputProcessor:
     """Decides when a sequence stops and turns its progress into `RequestOutput` deltas.
 
     Text is held back while it could still be the start of a stop string or ends inside a multi-byte
-    character, so streamed text never has to be taken back.
+    character, so streamed text never has to be taken back. A request without `every_token` (a reply not
+    streamed) gets two outputs: its first token's and its last, which carries every delta since, as vLLM's
+    `FINAL_ONLY` with the first token kept (it retires the prompt's admitted work and times the TTFT); a
+    reply of n tokens is then two messages from a worker and two hand-offs to the caller's event loop, not n.
     """
 
     def __init__(self, tokenizer: Detokenizer, eos_token_ids: tuple[int, ...], max_model_len: int) -> None:
@@ -112,8 +77,16 @@ class OutputProcessor:
                                                   len(seq.output_token_ids))
 
     def make_output(self, seq: Sequence, logits: list[torch.Tensor] | None = None,
-                    logprobs: list[TokenLogprob] | None = None) -> RequestOutput:
+                    logprobs: list[TokenLogprob] | None = None) -> RequestOutput | None:
+        """The request's delta since its last output; None while a request without `every_token` is past its
+        first token and not finished (its delta grows until then)."""
         state = self._states.setdefault(seq.request_id, _TextState())
+        if not seq.params.every_token and not seq.is_finished and state.emitted_tokens > 0:
+            state.held_logits += logits or []
+            state.held_logprobs += logprobs or []
+            return None
+        logits, logprobs = state.held_logits + (logits or []), state.held_logprobs + (logprobs or [])
+        state.held_logits, state.held_logprobs = [], []
         final = seq.is_finished and seq.finish_reason != "prefilled"  # a hand-off goes on elsewhere
         visible = len(state.text) if final else _stable_length(state.text, seq.params.stop)
         new_text = state.text[state.emitted_chars:visible] if visible > state.emitted_chars else ""
@@ -123,7 +96,7 @@ class OutputProcessor:
         if seq.is_finished:
             del self._states[seq.request_id]
         return RequestOutput(seq.request_id, new_tokens, new_text, seq.is_finished, seq.finish_reason,
-                             seq.num_prompt_tokens, seq.num_cached_tokens or 0, logits or [], logprobs or [])
+                             seq.num_prompt_tokens, seq.num_cached_tokens or 0, logits, logprobs)
 
 
 def _find_stop(text: str, stops: list[str], checked_upto: int) -> int | None:

@@ -26,6 +26,7 @@ class SamplingParams:
     return_logits: bool = False  # attach each step's logits to the outputs (parity checks, debugging)
     logprobs: int | None = None  # None: no logprobs; k: the sampled token's and the top k alternatives'
     slo_class: str | None = None  # service class in configs/slo.yaml (queue order, deadlines); None: the default
+    every_token: bool = True  # False: outputs at the first token and at the end only (a reply not streamed)
 
     def validate(self) -> None:
         checks = [

@@ -72,20 +72,22 @@ async def test_a_reply_not_streamed_comes_as_its_first_token_and_the_rest(engine
     assert len(every) == 12 and len(ends) == 2
     assert len(ends[0].new_token_ids) == 1 and not ends[0].finished and ends[1].finished
     for field in ("new_token_ids", "logprobs"):
-        assert sum((getattr(out, field) for out in ends), []) == sum((getattr(out, field) for out in every), [])
+        assert [x for out in ends for x in getattr(out, field)] == [x for out in every for x in getattr(out, field)]
     assert "".join(out.new_text for out in ends) == "".join(out.new_text for out in every)
     assert ends[1].finish_reason == every[-1].finish_reason == "length"
 
 
-async def test_a_reply_not_streamed_left_early_holds_nothing(engine: AsyncLLMEngine) -> None:
+async def test_a_reply_not_streamed_left_early_frees_its_blocks(engine: AsyncLLMEngine) -> None:
+    free_before = engine.engine.kv.num_free_blocks
     stream = engine.generate("left early", SamplingParams(max_tokens=500, ignore_eos=True), every_token=False)
     await anext(stream)  # the first token; the rest is being held
     await stream.aclose()
     for _ in range(200):
-        if not engine.engine.has_unfinished() and not len(engine._first_and_final):
+        if not engine.engine.has_unfinished():
             break
         await asyncio.sleep(0.01)
-    assert not engine.engine.has_unfinished() and len(engine._first_and_final) == 0
+    assert not engine.engine.has_unfinished() and engine.engine.kv.num_free_blocks == free_before
+    assert not engine.engine.outputs._states  # nothing held for it
 
 
 async def test_bad_request_raises_before_streaming(engine: AsyncLLMEngine) -> None:

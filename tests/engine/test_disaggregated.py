@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -61,6 +62,18 @@ def test_text_streams_whole_across_the_handoff(disaggregated: DisaggregatedEngin
     [expected] = LLMEngine("tiny", SETTINGS).generate(["the agent reads the log"], GREEDY)
     [result] = disaggregated.generate(["the agent reads the log"], GREEDY)
     assert result.text == expected.text and result.token_ids == expected.token_ids
+
+
+def test_a_reply_not_streamed_is_its_first_token_and_the_rest_across_the_handoff(
+        disaggregated: DisaggregatedEngine) -> None:
+    [expected] = LLMEngine("tiny", SETTINGS).generate(["the agent reads the log"], GREEDY)
+    request_id = disaggregated.add_request("the agent reads the log", replace(GREEDY, every_token=False))
+    outputs = []
+    while disaggregated.has_unfinished():
+        outputs += [out for out in disaggregated.step() if out.request_id == request_id]
+    assert [len(out.new_token_ids) for out in outputs] == [1, len(expected.token_ids) - 1]  # not one per token
+    assert [t for out in outputs for t in out.new_token_ids] == expected.token_ids
+    assert "".join(out.new_text for out in outputs) == expected.text and outputs[-1].finished
 
 
 def test_unknown_slo_class_is_refused_before_any_worker_sees_it(disaggregated: DisaggregatedEngine) -> None:

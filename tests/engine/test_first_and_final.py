@@ -1,39 +1,41 @@
-"""Replies not streamed: only the first token's output and the last, which carries every delta between."""
+"""Replies not streamed (`SamplingParams.every_token` off): the engine makes only the first token's output and the
+last, which carries every delta since, logits and logprobs included."""
 
 from __future__ import annotations
 
-from engine.output import FirstAndFinal, RequestOutput, merge_outputs
-from engine.sampling import TokenLogprob
+from engine.config import EngineSettings
+from engine.llm_engine import LLMEngine
+from engine.output import RequestOutput
+from engine.sampling import SamplingParams
+
+PARAMS = SamplingParams(temperature=0, max_tokens=9, ignore_eos=True, logprobs=2, return_logits=True)
 
 
-def out(tokens: list[int], text: str, finished: bool = False, cached: int = 0) -> RequestOutput:
-    return RequestOutput("r", tokens, text, finished, "stop" if finished else None, 9, cached,
-                         logprobs=[TokenLogprob(t, -1.0, []) for t in tokens])
+def outputs_of(every_token: bool, stop: list[str] | None = None) -> list[RequestOutput]:
+    engine = LLMEngine("tiny", EngineSettings(num_kv_blocks=64))
+    params = SamplingParams(**{**PARAMS.__dict__, "every_token": every_token, "stop": stop or []})
+    engine.add_request("the tool printed three lines", params)
+    outputs = []
+    while engine.has_unfinished():
+        outputs += engine.step()
+    return outputs
 
 
-def test_the_first_token_passes_then_the_rest_comes_merged_at_the_end() -> None:
-    ends = FirstAndFinal()
-    passed = [ends.pass_on(o) for o in (out([], "", cached=4), out([1], "a", cached=4), out([2], "b"),
-                                        out([3, 4], "cd"), out([5], "e", finished=True))]
-    first, final = passed[1], passed[4]
-    assert passed[0] is None and passed[2] is None and passed[3] is None
-    assert first is not None and first.new_token_ids == [1] and first.num_cached_tokens == 4
-    assert final is not None and final.new_token_ids == [2, 3, 4, 5] and final.new_text == "bcde"
-    assert [lp.token_id for lp in final.logprobs] == [2, 3, 4, 5] and final.finish_reason == "stop"
-    assert len(ends) == 0  # nothing kept after the end
+def test_two_outputs_carry_what_every_token_carries() -> None:
+    every, ends = outputs_of(True), outputs_of(False)
+    assert len(every) == 9 and [len(out.new_token_ids) for out in ends] == [1, 8]
+    for field in ("new_token_ids", "logprobs"):
+        assert [x for out in ends for x in getattr(out, field)] == [x for out in every for x in getattr(out, field)]
+    assert sum(len(out.logits) for out in ends) == 9
+    assert "".join(out.new_text for out in ends) == "".join(out.new_text for out in every)
+    assert [out.finished for out in ends] == [False, True] and ends[-1].finish_reason == "length"
 
 
-def test_a_reply_finished_at_its_first_token_passes_whole_and_forget_drops_what_is_held() -> None:
-    ends = FirstAndFinal()
-    single = ends.pass_on(out([7], "x", finished=True))
-    assert single is not None and single.finished and len(ends) == 0
-    ends.pass_on(out([1], "a"))
-    ends.pass_on(out([2], "b"))
-    assert len(ends) == 2
-    ends.forget("r")
-    assert len(ends) == 0
-
-
-def test_merging_keeps_the_later_outputs_counts() -> None:
-    merged = merge_outputs(out([1], "a", cached=2), out([2], "b", finished=True, cached=5))
-    assert (merged.new_token_ids, merged.new_text, merged.num_cached_tokens, merged.finished) == ([1, 2], "ab", 5, True)
+def test_a_stop_string_ends_the_held_reply_where_it_ends_the_streamed_one() -> None:
+    text = "".join(out.new_text for out in outputs_of(True))
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    if not stop.strip():
+        stop = text[-2:]
+    every, ends = outputs_of(True, [stop]), outputs_of(False, [stop])
+    assert "".join(out.new_text for out in ends) == "".join(out.new_text for out in every)
+    assert ends[-1].finish_reason == every[-1].finish_reason
