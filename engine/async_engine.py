@@ -83,6 +83,9 @@ class AsyncLLMEngine:
         self._commands: SimpleQueue[Callable[[], object]] = SimpleQueue()  # run for effect
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[_Item]]] = {}
         self._wake = threading.Event()
+        # A wake-up is a write the waking thread gives the interpreter lock up for, and the woken thread takes
+        # it: at 64 requests in a burst, one per submit was a lock hand-off per request on the event loop.
+        self._wake_pending = False
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="agentserve-engine", daemon=True)
 
@@ -154,8 +157,10 @@ class AsyncLLMEngine:
 
     def _submit(self, command: Callable[[], object]) -> None:
         self._commands.put(command)
-        self._wake.set()
-        self.engine.wakeup()
+        if not self._wake_pending:  # else the thread was woken and has not drained the commands since
+            self._wake_pending = True
+            self._wake.set()
+            self.engine.wakeup()
 
     def _add(self, token_ids: list[int], params: SamplingParams, request_id: str,
              masked_spans: Sequence[MaskedSpan], session: SessionRef | None) -> None:
@@ -182,6 +187,7 @@ class AsyncLLMEngine:
             self._deliver_step(outputs)
 
     def _run_commands(self) -> None:
+        self._wake_pending = False  # before draining: a command put after this wakes the thread again
         while True:
             try:
                 command = self._commands.get_nowait()

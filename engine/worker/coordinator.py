@@ -42,6 +42,7 @@ from engine.worker.tracking import Tracked, TransferLog
 
 log = logging.getLogger(__name__)
 SENDING_POLL_S = 0.001  # a step's longest wait while commands wait for room in a worker's pipe
+LIVENESS_POLL_S = 0.02  # between checks that each worker process is alive (a dead one's pipe also ends at once)
 
 
 class DisaggregatedEngine:
@@ -75,6 +76,7 @@ class DisaggregatedEngine:
         self._counters: dict[int, m.KVCounters] = {}
         self._resets: dict[int, bool] = {}
         self._wake_r, self._wake_w = socket.socketpair()
+        self._liveness_due = 0.0  # monotonic time of the next check of the worker processes
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
 
@@ -175,8 +177,10 @@ class DisaggregatedEngine:
         for worker in self.workers:
             if worker.conn in ready and worker.alive:
                 outputs += self._drain(worker)
-        self._check_liveness()
         now = time.monotonic()
+        if now >= self._liveness_due:
+            self._check_liveness()
+            self._liveness_due = now + LIVENESS_POLL_S
         self._tend_pool(now)
         if self.capacity is not None:
             self.capacity.tick(now)

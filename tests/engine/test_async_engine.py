@@ -90,6 +90,17 @@ async def test_a_reply_not_streamed_left_early_frees_its_blocks(engine: AsyncLLM
     assert not engine.engine.outputs._states  # nothing held for it
 
 
+async def test_a_burst_of_commands_wakes_the_engine_thread_once_and_runs_them_all(
+        engine: AsyncLLMEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    wakeups = []
+    monkeypatch.setattr(engine.engine, "wakeup", lambda: wakeups.append(1))
+    await engine.query(lambda e: None)  # the thread has drained: the next command wakes it
+    wakeups.clear()
+    answers = [engine.query(lambda e, i=i: i) for i in range(50)]  # submitted back to back, no await between
+    assert await asyncio.wait_for(asyncio.gather(*answers), 10) == list(range(50))
+    assert 1 <= len(wakeups) < 10
+
+
 async def test_bad_request_raises_before_streaming(engine: AsyncLLMEngine) -> None:
     with pytest.raises(RequestError, match="prompt is empty"):
         await collect(engine, "", SamplingParams())
