@@ -24,9 +24,6 @@ describes, so each pays it on a step that starts while another is mid-step.
 worker and its first token's trip back (messages over pipes, the coordinator's poll), measured by the profile;
 `worker_idle_penalty`: the idle penalty of a worker process, which pays more than the in-process engine to
 wake from its wait. A cluster of worker processes (`ClusterConfig.worker_processes`) pays both.
-
-`host_reference`: per step kind, the host-speed probe's seconds during the profile (`host_speed`); a timer given
-`host_speed` factors (the probe around a run against this) runs its fitted step times at that run's speed.
 """
 
 from __future__ import annotations
@@ -63,7 +60,6 @@ class Calibration:
     worker_hop_s: float = 0.0
     worker_idle_penalty: tuple[tuple[float, float], ...] = ()
     co_run_slowdown: dict[str, float] = field(default_factory=dict)  # step kind -> factor
-    host_reference: dict[str, float] = field(default_factory=dict)  # step kind -> the host-speed probe's seconds
 
     def save(self, path: Path) -> None:
         data = {**asdict(self), "samples": [{**asdict(s.work), "seconds": s.seconds} for s in self.samples]}
@@ -72,6 +68,7 @@ class Calibration:
     @classmethod
     def load(cls, path: Path) -> Calibration:
         data = json.loads(path.read_text())
+        data.pop("host_reference", None)  # written by profiles that timed the host-speed probe, since removed
         for points in ("idle_penalty", "decode_batch_factors", "worker_idle_penalty"):
             data[points] = tuple(tuple(point) for point in data.get(points, ()))
         samples = tuple(StepSample(StepWork(**{k: v for k, v in s.items() if k != "seconds"}), s["seconds"])
@@ -90,14 +87,13 @@ def kind(work: StepWork) -> str:
 def fit(model: str, dtype: str, samples: list[StepSample], machine: dict[str, object] | None = None,
         idle_penalty: tuple[tuple[float, float], ...] = (), worker_hop_s: float = 0.0,
         worker_idle_penalty: tuple[tuple[float, float], ...] = (),
-        co_run_slowdown: dict[str, float] | None = None,
-        host_reference: dict[str, float] | None = None) -> Calibration:
+        co_run_slowdown: dict[str, float] | None = None) -> Calibration:
     shape = ModelShape.load(model, dtype)
     coefficients = {name: _fit_kind(shape, [s for s in samples if kind(s.work) == name], name) for name in KINDS}
     line = Calibration(model, dtype, coefficients)
     return Calibration(model, dtype, coefficients, machine or {}, tuple(samples), idle_penalty,
                        _decode_batch_factors(CalibratedTimer(line), samples), worker_hop_s, worker_idle_penalty,
-                       co_run_slowdown or {}, host_reference or {})
+                       co_run_slowdown or {})
 
 
 def _decode_batch_factors(line: CalibratedTimer, samples: list[StepSample]) -> tuple[tuple[int, float], ...]:
@@ -131,13 +127,9 @@ def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 class CalibratedTimer:
-    def __init__(self, calibration: Calibration, worker_process: bool = False,
-                 host_speed: dict[str, float] | None = None) -> None:
-        """worker_process: time a worker process (its idle penalty) rather than the in-process engine;
-        host_speed: per step kind, a factor on the fitted step times (the host ran slower, > 1, or faster than
-        during the profile: `host_speed.speed_factors`)."""
+    def __init__(self, calibration: Calibration, worker_process: bool = False) -> None:
+        """worker_process: time a worker process (its idle penalty) rather than the in-process engine."""
         self.calibration = calibration
-        self._speed = host_speed or {}
         self._idle_penalty = calibration.worker_idle_penalty if worker_process else calibration.idle_penalty
         self._shape = ModelShape.load(calibration.model, calibration.dtype)
         self._coefficients = {name: _coefficients(calibration, name) for name in KINDS}
@@ -147,7 +139,6 @@ class CalibratedTimer:
             return 0.0
         step_kind = kind(work)
         seconds = sum(c * f for c, f in zip(self._coefficients[step_kind], features(self._shape, work), strict=True))
-        seconds *= self._speed.get(step_kind, 1.0)
         return float(seconds * self._batch_factor(work.seqs) if step_kind == KINDS[0] else seconds)
 
     def co_run_factor(self, work: StepWork) -> float:

@@ -52,7 +52,7 @@ def build_cluster(env: simpy.Environment, config: ClusterConfig) -> Cluster:
     links: dict[int, tuple[Link, simpy.Resource]] = {}
     # a calibration describes one host: its one timer for every pool, and the host all its workers share
     calibration = Calibration.load(Path(config.calibration)) if config.calibration is not None else None
-    calibrated = (CalibratedTimer(calibration, config.worker_processes, config.host_speed)
+    calibrated = (CalibratedTimer(calibration, config.worker_processes)
                   if calibration is not None else None)
     host = Host() if calibration is not None else None
     for pool in config.pools:

@@ -66,9 +66,6 @@ class ClusterConfig(Strict):
     # the calibrated engine runs as worker processes: a request pays the calibration's worker_hop_s before its
     # worker has it, and an idle worker its worker_idle_penalty (False: the in-process engine's figures)
     worker_processes: bool = False
-    # per step kind, a factor on the calibration's step times: the host's speed around a real run against the
-    # profile's (agents_eval.sim.host_speed); empty: the calibrated times as they are
-    host_speed: dict[str, float] = Field(default_factory=dict)
     slo_class: str = "interactive"  # configs/slo.yaml class whose TTFT and TPOT the run is judged by
     slo: SloClass | None = None  # targets to judge by instead of the class's (a paper's own SLOs)
 

@@ -12,8 +12,7 @@ fresh-prompt rounds timed alone and again beside a second engine process decodin
 a deployment on one host share its memory bandwidth and cache), per step kind. Last, through a worker process
 (the colocated engine process, stepped as the validation steps the disaggregated one): the hop, the idle
 turn's TTFT back to back against the same in process, and the worker process's own idle penalty, its TTFT
-after each gap. Between the sections, the host-speed probe (`host_speed`): the median of its timings is the
-calibration's `host_reference`, the host's speed while the profile ran.
+after each gap.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 from agents_eval.sim.calibration import StepSample, fit, kind
 from agents_eval.sim.cost import StepWork
-from agents_eval.sim.host_speed import combine, probe
 from agents_eval.sim.real_runs import POLL_S
 from engine.sampling import SamplingParams
 
@@ -58,7 +56,6 @@ class Profile:
     worker_hop_s: float
     worker_idle_penalty: tuple[tuple[float, float], ...]  # the same, through a worker process
     co_run_slowdown: dict[str, float]  # per step kind: seconds beside a busy neighbour over seconds alone
-    host_reference: dict[str, float]  # per step kind: the host-speed probe's seconds, median over the profile
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -74,14 +71,13 @@ def run(args: argparse.Namespace) -> None:
 
     measured = profile_engine(args.model, args.max_tokens, args.seed)
     calibration = fit(args.model, "float32", measured.samples, machine_info(), measured.idle_penalty,
-                      measured.worker_hop_s, measured.worker_idle_penalty, measured.co_run_slowdown,
-                      measured.host_reference)
+                      measured.worker_hop_s, measured.worker_idle_penalty, measured.co_run_slowdown)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     calibration.save(args.out)
     print(f"{len(measured.samples)} steps; coefficients {calibration.coefficients}; decode batch factors "
           f"{calibration.decode_batch_factors}; idle penalty {measured.idle_penalty}; worker hop "
           f"{1000 * measured.worker_hop_s:.2f} ms, its idle penalty {measured.worker_idle_penalty}; co-run slowdown "
-          f"{measured.co_run_slowdown}; host-speed probe {measured.host_reference}; wrote {args.out}")
+          f"{measured.co_run_slowdown}; wrote {args.out}")
 
 
 def profile_engine(model: str, max_tokens: int, seed: int) -> Profile:
@@ -92,11 +88,9 @@ def profile_engine(model: str, max_tokens: int, seed: int) -> Profile:
     # random prompts share no prefix, so the cache hits only where a turn reuses its history
     engine = LLMEngine(model, EngineSettings(num_threads=1))
     rng, samples = random.Random(seed), []
-    probes = [probe(engine)]
     for length in PROMPT_LENGTHS:
         for size in BATCH_SIZES:
             samples += _round(engine, [_tokens(engine, rng, length) for _ in range(size)], max_tokens)
-    probes.append(probe(engine))
     for prefix in CACHED_PREFIXES:
         for delta in TURN_DELTAS:
             for size in TURN_BATCHES:
@@ -105,12 +99,10 @@ def profile_engine(model: str, max_tokens: int, seed: int) -> Profile:
                 samples += _round(engine, [h + _tokens(engine, rng, delta) for h in histories], max_tokens)
             for decoders in DECODERS:
                 samples += _joining_round(engine, rng, prefix, delta, decoders, max_tokens)
-        probes.append(probe(engine))
     penalty = idle_penalty(engine, rng, max_tokens)
     slowdown = co_run_slowdown(model, engine, rng, max_tokens)
     hop_s, worker_penalty = worker_process(model, engine, rng)
-    probes.append(probe(engine))
-    return Profile(samples, penalty, hop_s, worker_penalty, slowdown, combine(probes))
+    return Profile(samples, penalty, hop_s, worker_penalty, slowdown)
 
 
 def _joining_round(engine: LLMEngine, rng: random.Random, prefix: int, delta: int, decoders: int,

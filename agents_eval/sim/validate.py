@@ -4,12 +4,8 @@ and one decode worker process), TTFT and TPOT p50 and p90, predicted beside meas
 
 Each real run is taken `repeats` times, the four runs in turn (every run once, then every run again), and a
 figure is measured on the requests of all its repeats pooled: this host's speed moves by 10-15% from one minute
-to the next, so one run of each put a slow minute on one figure whole.
-
-The profile carries its own minutes' host speed too, so the host-speed probe (`host_speed`) is timed before and
-after each real run, and each run is also predicted with the calibrated step times scaled by the probe around
-it against the profile's (`predicted_host_adjusted`), beside the prediction at the profile's speed that
-`max_relative_error` judges: the scaled one was not closer (docs/simulator.md, runs 13 and 14)."""
+to the next, so one run of each put a slow minute on one figure whole. (A host-speed probe timed around each run,
+scaling the prediction, was tried in runs 13-15 and removed: it did not track the runs, docs/simulator.md.)"""
 
 from __future__ import annotations
 
@@ -23,7 +19,6 @@ from rich.progress import Progress
 from agents_eval.report import Table
 from agents_eval.sim.calibration import Calibration
 from agents_eval.sim.config import ClusterConfig, EngineKnobs, Pool
-from agents_eval.sim.host_speed import combine, probe, speed_factors
 from agents_eval.sim.real_runs import POLL_S, play
 from agents_eval.sim.run import simulate
 from agents_eval.sim.workload import SimSession, from_workload
@@ -41,8 +36,7 @@ WARM_UP_PROMPT_TOKENS = (256, 1024, 2048)  # each request of the warm-up, run to
 WARM_UP_OUTPUT_TOKENS = 8
 
 
-def cpu_cluster(deployment: str, calibration: Path, model: str,
-                host_speed: dict[str, float] | None = None) -> ClusterConfig:
+def cpu_cluster(deployment: str, calibration: Path, model: str) -> ClusterConfig:
     from engine.config import EngineSettings
     from engine.loader import resolve_model
     from engine.requests import num_kv_blocks
@@ -55,8 +49,7 @@ def cpu_cluster(deployment: str, calibration: Path, model: str,
                         max_kv_blocks=num_kv_blocks(resolve_model(model).config, settings))
     return ClusterConfig(name=deployment, model=model, dtype="float32", pools=pools, engine=knobs, transport="shm",
                          calibration=str(calibration), session_ttl_s=TTL_S, controller=len(roles) > 1,
-                         worker_processes=len(roles) > 1,  # colocated: the LLMEngine in process
-                         host_speed=host_speed or {})
+                         worker_processes=len(roles) > 1)  # colocated: the LLMEngine in process
 
 
 def measure(deployment: str, sessions: list[SimSession], model: str) -> list[tuple[float, float]]:
@@ -108,29 +101,19 @@ def validate(calibration: Path, seed: int = 0, model: str = "small", repeats: in
         raise ValueError("--repeats must be at least 1")
     workloads = {rate: from_workload(swe.build(seed=seed, rate=rate, duration_s=DURATION_S,
                                                max_requests=MAX_REQUESTS)) for rate in RATES}
-    measured, speeds = real_runs(workloads, model, repeats)
-    fitted = Calibration.load(calibration)
+    Calibration.load(calibration)  # a file that is not one fails before the real runs, not after them
+    measured = real_runs(workloads, model, repeats)
     rows = []
     for (deployment, rate), runs in measured.items():
-        factors = [speed_factors(fitted, around) for around in speeds[deployment, rate]]
-        cluster = functools.partial(cpu_cluster, deployment, calibration, model)
-        adjusted = np.concatenate([predict(cluster(f), workloads[rate]) for f in factors])
-        figures = figure_rows(deployment, rate, predict(cluster(), workloads[rate]), runs, host_adjusted=adjusted)
-        rows += [{**row, "host_speed": factors} for row in figures]
-    # predicted at the profile's speed: in two runs the probe-adjusted figures were not closer (run 14: 0.209
-    # without its broken first factor, against 0.121), see docs/simulator.md
+        rows += figure_rows(deployment, rate, predict(cpu_cluster(deployment, calibration, model), workloads[rate]),
+                            runs)
     return {"validation": {"max_relative_error": max(row["relative_error"] for row in rows),
-                           "max_relative_error_host_adjusted": max(row["relative_error_host_adjusted"] for row in rows),
-                           "rows": rows, "calibration": str(calibration), "host_reference": fitted.host_reference,
-                           "model": model, "rates": RATES, "duration_s": DURATION_S, "max_requests": MAX_REQUESTS,
-                           "repeats": repeats},
+                           "rows": rows, "calibration": str(calibration), "model": model, "rates": RATES,
+                           "duration_s": DURATION_S, "max_requests": MAX_REQUESTS, "repeats": repeats},
             "notes": ["Measured on this machine's 2 CPU cores while other work ran on them: the real runs' "
                       "timings carry that load (see machine.load_average).",
                       f"Each real run was taken {repeats} times, in turn; a figure is measured on the requests of "
-                      "its runs pooled, and each run's own figure is in `runs`.",
-                      "`predicted` runs the calibration at the profile's speed; `predicted_host_adjusted` at the "
-                      "host's speed around each run (the host-speed probe before and after it against the "
-                      "profile's, `host_speed` per run)."],
+                      "its runs pooled, and each run's own figure is in `runs`."],
             "tables": [_table(rows)]}
 
 
@@ -143,42 +126,28 @@ def predict(cluster: ClusterConfig, sessions: list[SimSession]) -> np.ndarray:
     return np.array([(r.ttft_s, r.tpot_s) for r in simulated.log.requests])
 
 
-def real_runs(workloads: dict[float, list[SimSession]], model: str, repeats: int
-              ) -> tuple[dict[Key, list[np.ndarray]], dict[Key, list[dict[str, float]]]]:
-    """Every real run of `run_order`: its requests' (TTFT, TPOT) rows, and the host-speed probe around it (the
-    median of the probe before and after it, on an in-process engine kept apart from the run's)."""
-    from engine.config import EngineSettings
-    from engine.llm_engine import LLMEngine
-
-    prober = LLMEngine(model, EngineSettings(num_threads=1))
+def real_runs(workloads: dict[float, list[SimSession]], model: str, repeats: int) -> dict[Key, list[np.ndarray]]:
+    """Every real run of `run_order`: its requests' (TTFT, TPOT) rows."""
     measured: dict[Key, list[np.ndarray]] = {}
-    speeds: dict[Key, list[dict[str, float]]] = {}
     order = run_order(repeats)
     with Progress(transient=True) as progress:
         task = progress.add_task("real runs", total=len(order))
         for deployment, rate in order:
             progress.update(task, description=f"real run: {deployment}, {rate} sessions/s")
-            before = probe(prober)
             measured.setdefault((deployment, rate), []).append(np.array(measure(deployment, workloads[rate], model)))
-            speeds.setdefault((deployment, rate), []).append(combine([before, probe(prober)]))
             progress.advance(task)
-    return measured, speeds
+    return measured
 
 
-def figure_rows(deployment: str, rate: float, predicted: np.ndarray, runs: list[np.ndarray],
-                host_adjusted: np.ndarray | None = None) -> list[dict[str, Any]]:
-    """One row per figure: predicted, measured on every run's (TTFT, TPOT) rows pooled, and each run's own;
-    `host_adjusted`: the prediction at the host's speed around each run beside it (default: `predicted`)."""
-    host_adjusted = predicted if host_adjusted is None else host_adjusted
+def figure_rows(deployment: str, rate: float, predicted: np.ndarray, runs: list[np.ndarray]) -> list[dict[str, Any]]:
+    """One row per figure: predicted, measured on every run's (TTFT, TPOT) rows pooled, and each run's own."""
     pooled = np.concatenate(runs)
     rows = []
     for column, metric in enumerate(("ttft", "tpot")):
         for quantile in (50, 90):
-            p, h, m = (float(np.percentile(a[:, column], quantile)) for a in (predicted, host_adjusted, pooled))
+            p, m = (float(np.percentile(a[:, column], quantile)) for a in (predicted, pooled))
             rows.append({"deployment": deployment, "rate": rate, "figure": f"{metric}_p{quantile}_s",
-                         "predicted": p, "measured": m, "relative_error": _error(p, m),
-                         "predicted_host_adjusted": h, "relative_error_host_adjusted": _error(h, m),
-                         "requests": len(runs[0]),
+                         "predicted": p, "measured": m, "relative_error": _error(p, m), "requests": len(runs[0]),
                          "runs": [float(np.percentile(run[:, column], quantile)) for run in runs]})
     return rows
 
@@ -190,7 +159,6 @@ def _error(predicted: float, measured: float) -> float:
 def _table(rows: list[dict[str, Any]]) -> Table:
     cells = [[r["deployment"], f"{r['rate']}", r["figure"], f"{1000 * r['predicted']:.1f}",
               f"{1000 * r['measured']:.1f}", ", ".join(f"{1000 * run:.1f}" for run in r["runs"]),
-              f"{100 * r['relative_error']:.1f}%", f"{1000 * r['predicted_host_adjusted']:.1f}",
-              f"{100 * r['relative_error_host_adjusted']:.1f}%"] for r in rows]
+              f"{100 * r['relative_error']:.1f}%"] for r in rows]
     return Table("Predicted against measured (ms)", ["deployment", "sessions/s", "figure", "predicted", "measured",
-                                                    "each run", "error", "host-adjusted", "its error"], cells)
+                                                    "each run", "error"], cells)

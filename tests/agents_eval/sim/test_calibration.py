@@ -44,8 +44,7 @@ def _samples() -> list[StepSample]:
 
 def test_fit_recovers_coefficients_and_file_round_trips(tmp_path: Path) -> None:
     samples = _samples()
-    calibration = fit("tiny", "float32", samples, {"host": "test"}, idle_penalty=((0.5, 0.01), (2.0, 0.04)),
-                      host_reference={"decode": 0.2, "prefill": 0.3})
+    calibration = fit("tiny", "float32", samples, {"host": "test"}, idle_penalty=((0.5, 0.01), (2.0, 0.04)))
     for name in FEATURES:  # a decode step's linear FLOPs are a multiple of its sequences: only its times are unique
         assert calibration.coefficients["prefill"][name] == pytest.approx(TRUE["prefill"][name], rel=1e-6)
     path = tmp_path / "calibration.json"
@@ -55,6 +54,14 @@ def test_fit_recovers_coefficients_and_file_round_trips(tmp_path: Path) -> None:
     timer = CalibratedTimer(loaded)
     for sample in samples:
         assert timer.step_time(sample.work) == pytest.approx(sample.seconds, rel=1e-6)
+
+
+def test_a_calibration_written_with_the_removed_host_speed_probe_still_loads(tmp_path: Path) -> None:
+    calibration = fit("tiny", "float32", _samples())
+    path = tmp_path / "calibration.json"
+    calibration.save(path)
+    path.write_text(json.dumps({**json.loads(path.read_text()), "host_reference": {"decode": 0.2, "prefill": 0.3}}))
+    assert Calibration.load(path) == calibration
 
 
 def test_fit_keeps_coefficients_non_negative() -> None:

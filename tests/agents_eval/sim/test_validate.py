@@ -93,16 +93,6 @@ def test_a_figure_is_measured_on_its_runs_pooled() -> None:
     assert rows["tpot_p90_s"]["runs"] == pytest.approx([float(np.percentile(fast[:, 1], 90)),
                                                        float(np.percentile(slow[:, 1], 90))])
     assert ttft["requests"] == 4
-    assert ttft["predicted_host_adjusted"] == ttft["predicted"]  # no host-adjusted prediction: the same
-
-
-def test_a_figure_keeps_the_host_adjusted_prediction_beside_it() -> None:
-    measured = [np.array([[0.050, 0.020]] * 3)]
-    at_run_speed, at_profile_speed = np.array([[0.048, 0.021]] * 3), np.array([[0.040, 0.017]] * 3)
-    rows = {row["figure"]: row for row in figure_rows("colocated", 0.3, at_profile_speed, measured, at_run_speed)}
-    assert rows["ttft_p50_s"]["relative_error_host_adjusted"] == pytest.approx(0.04)
-    assert rows["ttft_p50_s"]["relative_error"] == pytest.approx(0.2)
-    assert rows["tpot_p90_s"]["predicted"] == pytest.approx(0.017)
 
 
 def test_validation_needs_a_real_run() -> None:
