@@ -8,12 +8,12 @@ import asyncio
 import dataclasses
 import logging
 import threading
-import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from queue import Empty, SimpleQueue
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from engine.ids import fresh_id
 from engine.mask import MaskedSpan
 from engine.output import RequestOutput
 from engine.requests import Prompt
@@ -113,7 +113,7 @@ class AsyncLLMEngine:
         if self._stopping.is_set():
             raise EngineDeadError("engine is shut down")
         token_ids = self.engine.validate(prompt, params)
-        request_id = request_id or f"req-{uuid.uuid4().hex}"
+        request_id = request_id or fresh_id("req-")
         if request_id in self._streams:
             raise RequestError(f"request id {request_id!r} is already running")
         queue: asyncio.Queue[_Item] = asyncio.Queue()

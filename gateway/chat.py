@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import itertools
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
+from engine.ids import fresh_id
 from engine.sampling import TokenLogprob
 from gateway.access import request_principal
 from gateway.auth import Principal
@@ -131,7 +131,7 @@ async def completions(request: Request) -> Response:
         gw.engine.engine.validate(prompt, params[0]))  # ids out of the vocabulary: 400 before the decoder sees them
     choices = [ChoiceResult(i, text=echoed) for i in range(body.n)]  # echo: the prompt, then the completion
     usage = Usage()
-    created, completion_id = int(time.time()), f"cmpl-{uuid.uuid4().hex}"
+    created, completion_id = int(time.time()), fresh_id("cmpl-")
     events = generate_choices(gw, token_ids, params, TurnStats("completions", len(token_ids)),
                               every_token=body.stream)
     if body.stream:

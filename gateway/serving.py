@@ -7,10 +7,10 @@ import asyncio
 import contextlib
 import math
 import time
-import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
+from engine.ids import fresh_id
 from engine.mask import MaskedSpan
 from engine.output import RequestOutput
 from engine.sampling import SamplingParams, TokenLogprob
@@ -80,7 +80,7 @@ async def generate_choices(gw: GatewayState, prompt: Sequence[int], params: list
     session's KV. Raises APIError 503 (with Retry-After) when the queued prefill work would break the TTFT
     SLO, or its streams with those in flight the TPOT SLO. Without `every_token` (a reply not streamed) each
     choice gives two outputs, its first token's and its last (`AsyncLLMEngine.generate`)."""
-    request_id = f"req-{uuid.uuid4().hex}"
+    request_id = fresh_id("req-")
     trace = gw.metrics.request_started(stats.endpoint)
     decode = sum(gw.signals.expected_output_tokens(stats.session_id, p.max_tokens) for p in params)
     decision = gw.admission.try_admit(request_id, stats.prefill_estimate, decode_tokens=decode, streams=len(params))

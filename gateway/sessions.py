@@ -16,7 +16,6 @@ import hashlib
 import json
 import math
 import time
-import uuid
 import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -24,6 +23,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii as encode_json_string
 
+from engine.ids import fresh_id
 from engine.tokenizer import Tokenizer
 from gateway.errors import APIError
 from gateway.session_lease import SessionBusy
@@ -124,7 +124,7 @@ class SessionManager:
         of a session in a turn on another replica waits for it, then is refused (APIError 409)."""
         step_timer.enter("session_load")
         if key is None:
-            turn = SessionTurn(self._start(f"anon-{uuid.uuid4().hex}", tools), None)
+            turn = SessionTurn(self._start(fresh_id("anon-"), tools), None)
             step_timer.leave("session_load")
             yield turn
             return

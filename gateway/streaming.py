@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
+from engine.ids import fresh_id
 from engine.output import RequestOutput
 from engine.sampling import TokenLogprob
 from gateway.errors import ClientGone
@@ -38,7 +38,7 @@ class ChatStreamWriter:
                  stream: bool = True) -> None:
         self.model, self.parse_tools, self.decode, self.max_tool_calls = model, parse_tools, decode, max_tool_calls
         self.stream = stream
-        self.id, self.created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        self.id, self.created = fresh_id("chatcmpl-"), int(time.time())
         self.choices = [ChoiceResult(i) for i in range(n)]
         self._sent_chars = [0] * n
         self._parsed: dict[int, tuple[str, list[dict[str, Any]]]] = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -96,3 +97,7 @@ def test_step_wrappers_are_gone_after_the_step_waves() -> None:
         metrics.finished()  # type: ignore[attr-defined]
         assert "metrics" in times.finish()
     assert "try_admit" not in vars(ledger) and metrics.finished() == "own"  # type: ignore[attr-defined]
+
+
+def test_the_heap_frozen_for_the_run_is_unfrozen_after_it(result: BenchResult) -> None:
+    assert gc.get_freeze_count() == 0

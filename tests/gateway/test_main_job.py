@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,14 @@ from tests.gateway.conftest import wait_until_ready
 pytestmark = pytest.mark.slow
 
 
+@dataclass(frozen=True)
+class MainJob:
+    url: str
+    log_path: Path
+
+
 @pytest.fixture(scope="module")
-def main_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def main_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MainJob]:
     port = free_port()
     log_path = Path(tmp_path_factory.mktemp("main-job")) / "run.log"
     with log_path.open("wb") as log:
@@ -29,7 +36,7 @@ def main_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         url = f"http://127.0.0.1:{port}"
         try:
             wait_until_ready(url, timeout_s=180)
-            yield url
+            yield MainJob(url, log_path)
         finally:
             os.killpg(process.pid, signal.SIGINT)
             try:
@@ -38,8 +45,8 @@ def main_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 os.killpg(process.pid, signal.SIGKILL)
 
 
-def test_answers_in_english(main_job: str) -> None:
-    client = openai_client(main_job)
+def test_answers_in_english(main_job: MainJob) -> None:
+    client = openai_client(main_job.url)
     [model] = [m.id for m in client.models.list().data]
     assert model == "smollm2"
     question = [{"role": "user", "content": "What is the capital of France?"}]
@@ -55,3 +62,10 @@ def test_answers_in_english(main_job: str) -> None:
     assert "Rome" in (second.choices[0].message.content or "")
     assert second.usage is not None and second.usage.prompt_tokens_details is not None
     assert (second.usage.prompt_tokens_details.cached_tokens or 0) >= reply.usage.prompt_tokens  # type: ignore[union-attr]
+
+
+def test_the_startup_heap_is_frozen_before_serving(main_job: MainJob) -> None:
+    log = main_job.log_path.read_text()
+    frozen = int(log.split("startup heap frozen: ")[1].split()[0])
+    assert frozen > 10_000  # the modules, the model and the tokenizer
+    assert log.index("startup heap frozen") < log.index("Uvicorn running")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import gc
 import socket
 import threading
 import time
@@ -24,6 +25,7 @@ from engine.async_engine import AsyncLLMEngine, ServingEngine
 from engine.llm_engine import LLMEngine
 from engine.worker.coordinator import DisaggregatedEngine
 from gateway.app import create_app
+from gateway.gc_heap import freeze_startup_heap
 from gateway.responses_ws import uvicorn_websocket_options
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
@@ -114,6 +116,7 @@ def running_gateway(settings: GatewaySettings, engine: ServingEngine) -> Iterato
     port = int(sock.getsockname()[1])
     settings = settings.model_copy(update={"host": "127.0.0.1", "port": port})
     app = create_app(settings, engine)
+    freeze_startup_heap()  # as `agentserve serve` does
     probe = ServerProbe()
     config = uvicorn.Config(TimedApp(app, probe), log_level="warning", access_log=False, loop="uvloop",
                             http="httptools", ws="websockets-sansio", **uvicorn_websocket_options(settings.limits))
@@ -128,6 +131,7 @@ def running_gateway(settings: GatewaySettings, engine: ServingEngine) -> Iterato
         server.should_exit = True
         thread.join(timeout=10)
         sock.close()
+        gc.unfreeze()  # this process may go on (the tests): what it leaves behind must stay collectable
 
 
 def _wait_until_ready(url: str, thread: threading.Thread) -> None:
