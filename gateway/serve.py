@@ -1,4 +1,4 @@
-"""`agentserve serve`: uvicorn (uvloop, httptools) around the app, with a graceful drain on SIGTERM:
+"""`agentserve serve`: uvicorn (`gateway.http_server`) around the app, with a graceful drain on SIGTERM:
 `/ready` turns 503 and new API requests are refused, running ones finish within `drain_timeout_s`,
 then the process exits."""
 
@@ -14,7 +14,7 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.gc_heap import freeze_startup_heap
-from gateway.responses_ws import uvicorn_websocket_options
+from gateway.http_server import uvicorn_config
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
 
@@ -46,8 +46,6 @@ class DrainingServer(uvicorn.Server):
 def serve(settings: GatewaySettings) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, loop="uvloop", http="httptools",
-                            ws="websockets-sansio", log_level="info", timeout_graceful_shutdown=1,
-                            **uvicorn_websocket_options(settings.limits))
+    config = uvicorn_config(app, settings, log_level="info", timeout_graceful_shutdown=1)
     log.info("startup heap frozen: %d objects the collector no longer walks", freeze_startup_heap())
     DrainingServer(config, app.state.gateway).run()

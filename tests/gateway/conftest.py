@@ -24,6 +24,7 @@ from engine.config import EngineSettings
 from engine.worker.coordinator import colocated_engine
 from gateway.app import create_app
 from gateway.auth import hash_key
+from gateway.http_server import uvicorn_config
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port
 
@@ -53,8 +54,8 @@ def running_gateway(settings: GatewaySettings, engine: ServingEngine | None = No
 @contextlib.contextmanager
 def serving(app: FastAPI, port: int) -> Iterator[str]:
     """uvicorn serving an app built by the test (to reach `app.state.gateway`); yields its base URL."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           loop="asyncio", ws="websockets-sansio"))
+    config = uvicorn_config(app, GatewaySettings(), host="127.0.0.1", port=port, log_level="warning", loop="asyncio")
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"

@@ -98,7 +98,7 @@ def notes(overhead: dict[str, Any], load_before: float, load_after: float, cpus:
     goal = ", ".join(f"{ms:.2f} ms at concurrency {c}" for c, ms in p50.items())
     lines = [f"p50 gateway overhead (client-observed gateway minus engine): {goal}; goal <= {OVERHEAD_GOAL_MS} ms "
              "(LiteLLM's proxy publishes 2-12 ms p50).",
-             "Gateway (uvicorn thread: uvloop, httptools, no access log) in one Python process, "
+             "Gateway (uvicorn thread as `agentserve serve` runs it, no access log) in one Python process, "
              + ("the engine on a thread of it (--engine-in-process); " if engine_in_process else
                 "the engine in a worker process of its own (pipes between them); ")
              + "the clients run in another (aiohttp, a kept-alive connection per concurrent request; openai SDK). "

@@ -1,5 +1,5 @@
 """The gateway under test for `agentserve bench gateway`: uvicorn in a thread of the benchmark process (as
-`agentserve serve` runs it: uvloop, httptools; no access log), behind an ASGI wrapper that times each
+`agentserve serve` runs it, `gateway.http_server`; no access log), behind an ASGI wrapper that times each
 request inside the server, from the app being called to its last body byte handed to uvicorn (and, while
 `ServerProbe.time_steps` is on, step by step), and that hands out the server's event loop, so the
 engine-only path can run on the very loop the gateway uses."""
@@ -26,7 +26,7 @@ from engine.llm_engine import LLMEngine
 from engine.worker.coordinator import DisaggregatedEngine
 from gateway.app import create_app
 from gateway.gc_heap import freeze_startup_heap
-from gateway.responses_ws import uvicorn_websocket_options
+from gateway.http_server import uvicorn_config
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
 from trajectory import step_timer
@@ -118,8 +118,7 @@ def running_gateway(settings: GatewaySettings, engine: ServingEngine) -> Iterato
     app = create_app(settings, engine)
     freeze_startup_heap()  # as `agentserve serve` does
     probe = ServerProbe()
-    config = uvicorn.Config(TimedApp(app, probe), log_level="warning", access_log=False, loop="uvloop",
-                            http="httptools", ws="websockets-sansio", **uvicorn_websocket_options(settings.limits))
+    config = uvicorn_config(TimedApp(app, probe), settings, log_level="warning", access_log=False)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="bench-gateway", daemon=True)
     thread.start()
