@@ -24,6 +24,7 @@ import httpx
 
 from engine.async_engine import AsyncLLMEngine
 from engine.capacity.settings import CapacitySettings
+from engine.ids import fresh_id
 from engine.mask import MaskedSpan
 from engine.output import RequestOutput
 from engine.requests import Prompt
@@ -96,7 +97,7 @@ class UpstreamEngine(AsyncLLMEngine):
         """Every output the upstream streams, whatever `every_token` says: the upstream is read as a stream
         either way (its failover resumes from the tokens seen)."""
         token_ids = self.engine.validate(prompt, params)
-        request_id = request_id or f"req-{uuid.uuid4().hex}"
+        request_id = request_id or fresh_id("req-")
         request = build_request(self.served_model, current_turn.get(), token_ids, params, self.tokenizer,
                                 request_id)
         unapplied = sum(span.end - span.start for span in masked_spans)
