@@ -11,7 +11,7 @@ its first step against the same turn run back to back. Then the co-run slowdown:
 fresh-prompt rounds timed alone and again beside a second engine process decoding four streams (two workers of
 a deployment on one host share its memory bandwidth and cache), per step kind. Last, through a worker process
 (the colocated engine process, stepped as the validation steps the disaggregated one): the hop, the idle
-turn's TTFT back to back against the same in process, and the worker process's own idle penalty, its TTFT
+turn's TTFT through it against the same in process, taken in turn, and the worker process's own idle penalty, its TTFT
 after each gap.
 """
 
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from agents_eval.sim.calibration import StepSample, fit, kind
 from agents_eval.sim.cost import StepWork
-from agents_eval.sim.real_runs import POLL_S
+from agents_eval.sim.real_runs import POLL_S, Step, in_process, through_processes
 from engine.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -44,6 +44,7 @@ DECODERS = (1, 2, 4)  # requests decoding while a turn arrives
 IDLE_GAPS_S = (0.25, 0.5, 1.0, 2.0, 4.0)
 IDLE_REPEATS = 5
 IDLE_TURN = (512, 8)  # (cached prefix, delta) of the turn timed after each gap
+HOP_PAIRS = 10  # the idle turn in process and through a worker process, in turn
 CO_RUN_ROUNDS = ((512, 1), (128, 4), (1024, 1))  # (prompt tokens, requests) timed alone and beside a neighbour
 NEIGHBOUR_STREAMS, NEIGHBOUR_PROMPT_TOKENS = 4, 256
 CO_RUN_PAIRS = 3  # alone, then beside the neighbour, in turn
@@ -196,46 +197,52 @@ def _decode_while(model: str, running: Any, decoding: Any, stop: Any) -> None:
             decoding.set()
 
 
-def worker_process(model: str, in_process: LLMEngine, rng: random.Random
+def worker_process(model: str, in_process_engine: LLMEngine, rng: random.Random
                    ) -> tuple[float, tuple[tuple[float, float], ...]]:
-    """Through a worker process (the colocated engine process): the hop, its median TTFT of the idle turn back
-    to back less the same in process, and its own idle penalty, the same TTFT after each gap less back to
-    back (a worker process waking from its wait pays more than the in-process engine's step does)."""
-    import functools
-
+    """Through a worker process (the colocated engine process): the hop, the median over `HOP_PAIRS` pairs of
+    the idle turn's TTFT through the process less the same turn's in process, the two taken in turn (the order
+    alternating) so the host's drift falls on both; and the worker process's own idle penalty, its TTFT after
+    each gap less its median back to back (a worker process waking from its wait pays more than the
+    in-process engine's step does). Medians of the two apart, taken minutes apart, put the hop at 0 three times
+    of three where it is about a millisecond."""
     from engine.config import EngineSettings
     from engine.worker.coordinator import colocated_engine
 
-    local = _median_ttft(in_process, in_process.step, rng, 0.0)
     engine = colocated_engine(model, EngineSettings(num_threads=1))
-    step = functools.partial(engine.step, timeout_s=POLL_S)
+    step = through_processes(engine)
+    engines = {"in process": (in_process_engine, in_process(in_process_engine)), "worker": (engine, step)}
     try:
-        _median_ttft(engine, step, rng, 0.0)  # its first passes, untimed
-        back_to_back = _median_ttft(engine, step, rng, 0.0)
-        penalty = tuple((gap, max(0.0, _median_ttft(engine, step, rng, gap) - back_to_back)) for gap in IDLE_GAPS_S)
+        _ttft(engine, step, rng, 0.0)  # its first passes, untimed
+        ttfts: dict[str, list[float]] = {"in process": [], "worker": []}
+        for pair in range(HOP_PAIRS):
+            for name in sorted(engines, reverse=pair % 2 == 1):
+                ttfts[name].append(_ttft(*engines[name], rng, 0.0))
+        back_to_back = ttfts["worker"]
+        hops = [through - local for through, local in zip(back_to_back, ttfts["in process"], strict=True)]
+        idle = statistics.median(back_to_back)
+        penalty = tuple((gap, max(0.0, statistics.median(_ttft(engine, step, rng, gap) for _ in range(IDLE_REPEATS))
+                                  - idle)) for gap in IDLE_GAPS_S)
     finally:
         engine.shutdown()
-    return max(0.0, back_to_back - local), penalty
+    return max(0.0, statistics.median(hops)), penalty
 
 
-def _median_ttft(engine: Any, step: Callable[[], list[Any]], rng: random.Random, gap_s: float) -> float:
-    """The median TTFT of the idle turn (a delta on a history the engine just computed) after `gap_s` idle."""
+def _ttft(engine: Any, step: Step, rng: random.Random, gap_s: float) -> float:
+    """The TTFT of the idle turn (a delta on a history the engine just computed) after `gap_s` idle."""
     prefix, delta = IDLE_TURN
-    ttfts = []
-    for _ in range(IDLE_REPEATS):
-        history = _tokens(engine, rng, prefix)
-        engine.add_request(history, _params(1))
-        while engine.has_unfinished():
-            step()
-        time.sleep(gap_s)
-        started = time.perf_counter()
-        engine.add_request(history + _tokens(engine, rng, delta), _params(1))
-        while not any(out.new_token_ids for out in step()):
-            pass
-        ttfts.append(time.perf_counter() - started)
-        while engine.has_unfinished():
-            step()
-    return statistics.median(ttfts)
+    history = _tokens(engine, rng, prefix)
+    engine.add_request(history, _params(1))
+    while engine.has_unfinished():
+        step(POLL_S)
+    time.sleep(gap_s)
+    started = time.perf_counter()
+    engine.add_request(history + _tokens(engine, rng, delta), _params(1))
+    while not any(out.new_token_ids for out in step(POLL_S)):
+        pass
+    ttft = time.perf_counter() - started
+    while engine.has_unfinished():
+        step(POLL_S)
+    return ttft
 
 
 def _tokens(engine: Any, rng: random.Random, count: int) -> list[int]:

@@ -16,7 +16,19 @@ from agents_eval.sim.workload import SimSession
 from engine.sampling import SamplingParams
 from engine.sequence import SessionRef
 
-POLL_S = 0.002  # a worker-process engine's step waits at most this for its workers: a due turn waits no longer
+POLL_S = 0.002  # a worker-process engine's step waits at most this for its workers' outputs
+Step = Callable[[float], list[Any]]  # one engine step, waiting for outputs at most the given seconds
+
+
+def in_process(engine: Any) -> Step:
+    """The in-process engine's step: it computes, it never waits (a turn due mid-step waits out the step)."""
+    return lambda _wait_s: engine.step()
+
+
+def through_processes(engine: Any) -> Step:
+    """A worker-process engine's step: it waits for its workers' outputs, but not past the next turn's arrival (a
+    driver that looked late would add its lateness to that turn's TTFT, a hop no serving process pays)."""
+    return lambda wait_s: engine.step(timeout_s=min(POLL_S, wait_s))
 
 
 @dataclass
@@ -28,10 +40,9 @@ class _Live:
     tokens: list[int] = field(default_factory=list)
 
 
-def play(engine: Any, sessions: list[SimSession], vocab: int, ttl_s: float, seed: int = 0,
-         step: Callable[[], list[Any]] | None = None) -> list[tuple[float, float]]:
-    """(TTFT, TPOT) of every request, in seconds of wall time. `step`: one engine step (`engine.step`)."""
-    step = step or engine.step
+def play(engine: Any, sessions: list[SimSession], vocab: int, ttl_s: float, step: Step, seed: int = 0
+         ) -> list[tuple[float, float]]:
+    """(TTFT, TPOT) of every request, in seconds of wall time. `step`: `in_process` or `through_processes`."""
     rng = random.Random(seed)
     system = [rng.randrange(3, vocab) for _ in range(max((s.system_tokens for s in sessions), default=0))]
     histories = [system[:s.system_tokens] for s in sessions]
@@ -53,7 +64,7 @@ def play(engine: Any, sessions: list[SimSession], vocab: int, ttl_s: float, seed
         if not engine.has_unfinished():
             time.sleep(min(0.01, max(0.0, due[0][0] - now)) if due else 0.0)
             continue
-        for out in step():
+        for out in step(max(0.0, due[0][0] - (time.monotonic() - start)) if due else POLL_S):
             request = live[out.request_id]
             request.times += [time.monotonic() - start] * len(out.new_token_ids)
             request.tokens += out.new_token_ids

@@ -9,7 +9,6 @@ scaling the prediction, was tried in runs 13-15 and removed: it did not track th
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from rich.progress import Progress
 from agents_eval.report import Table
 from agents_eval.sim.calibration import Calibration
 from agents_eval.sim.config import ClusterConfig, EngineKnobs, Pool
-from agents_eval.sim.real_runs import POLL_S, play
+from agents_eval.sim.real_runs import in_process, play, through_processes
 from agents_eval.sim.run import simulate
 from agents_eval.sim.workload import SimSession, from_workload
 from agents_eval.workloads import swe
@@ -59,16 +58,16 @@ def measure(deployment: str, sessions: list[SimSession], model: str) -> list[tup
         from engine.llm_engine import LLMEngine
 
         engine: Any = LLMEngine(model, EngineSettings(num_threads=1))
-        step = engine.step
+        step = in_process(engine)
     else:
         from engine.worker.coordinator import DisaggregatedEngine
         from engine.worker.deployment import DeploymentSettings
 
         engine = DisaggregatedEngine(model, EngineSettings(), DeploymentSettings(prefill=1, decode=1, transport="shm"))
-        step = functools.partial(engine.step, timeout_s=POLL_S)
+        step = through_processes(engine)
     try:
         warm_up(engine)
-        return play(engine, sessions, engine.config.vocab_size, TTL_S, step=step)
+        return play(engine, sessions, engine.config.vocab_size, TTL_S, step)
     finally:
         engine.shutdown()
 

@@ -4,13 +4,14 @@ TTFT counted from each turn's planned arrival."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from agents_eval.sim.real_runs import play
+from agents_eval.sim.real_runs import POLL_S, in_process, play, through_processes
 from agents_eval.sim.validate import (
     DEPLOYMENTS,
     RATES,
@@ -56,12 +57,12 @@ def test_a_turn_due_during_a_step_counts_the_rest_of_that_step() -> None:
     held = 0.2
     steps = 0
 
-    def step() -> list[RequestOutput]:
+    def step(wait_s: float) -> list[RequestOutput]:
         nonlocal steps
         steps += 1
         if steps == 1:
             time.sleep(held)
-        return engine.step()
+        return in_process(engine)(wait_s)
 
     sessions = [SimSession(name, start, 0, "append", (SimTurn(0.0, 16, 2, "think"),))
                 for name, start in (("a", 0.0), ("b", 0.01))]
@@ -98,3 +99,47 @@ def test_a_figure_is_measured_on_its_runs_pooled() -> None:
 def test_validation_needs_a_real_run() -> None:
     with pytest.raises(ValueError, match="--repeats"):
         validate(Path("unused.json"), repeats=0)
+
+
+class _WaitingEngine:
+    """Answers each request with one token 30 ms after it arrives. Its step records the wait it was allowed when
+    nothing is ready, (when, how long), and returns at once, so the driver asks again and again up to b's
+    arrival: a step allowed to wait past it shows whatever the timing."""
+
+    def __init__(self) -> None:
+        self.due: dict[str, float] = {}
+        self.waits: list[tuple[float, float]] = []
+        self.ids = itertools.count()
+
+    def add_request(self, prompt: list[int], params: object, session: object = None) -> str:
+        request_id = f"r{next(self.ids)}"
+        self.due[request_id] = time.monotonic() + 0.03
+        return request_id
+
+    def has_unfinished(self) -> bool:
+        return bool(self.due)
+
+    def step(self, timeout_s: float) -> list[RequestOutput]:
+        now = time.monotonic()
+        ready = [rid for rid, at in self.due.items() if at <= now]
+        if not ready:
+            self.waits.append((now, timeout_s))
+        for rid in ready:
+            del self.due[rid]
+        return [RequestOutput(rid, [5], "", True, "length", 1, 0) for rid in ready]
+
+
+def test_a_waiting_engine_never_waits_past_the_next_turns_arrival() -> None:
+    """The worker-process engine's step waits for its workers' outputs; a wait that ran past a turn's arrival
+    would put the driver's lateness on that turn's TTFT (the simulator has no such hop). Session b falls due
+    while a's reply is awaited."""
+    engine = _WaitingEngine()
+    sessions = [SimSession(name, start, 0, "append", (SimTurn(0.0, 4, 1, "think"),))
+                for name, start in (("a", 0.0), ("b", 0.0137))]
+    started = time.monotonic()
+    play(engine, sessions, vocab=100, ttl_s=1.0, step=through_processes(engine))
+    b_due = started + 0.0137
+    before_b = [(at, wait) for at, wait in engine.waits if at < b_due]
+    assert before_b, "no wait fell before b's arrival"
+    assert all(at + wait <= b_due + 0.0002 for at, wait in before_b)
+    assert all(wait <= POLL_S for _, wait in engine.waits)
