@@ -18,11 +18,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from multiprocessing.connection import wait
-from typing import Any
 
 from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
-from engine.kv_cache.engine_tiers import total_tier_stats
 from engine.llm_engine import Completion, run_to_completion
 from engine.mask import MaskedSpan
 from engine.output import RequestOutput
@@ -30,13 +28,13 @@ from engine.requests import Prompt, RequestValidator, load_tokenizer_or_none, nu
 from engine.sampling import RequestError, SamplingParams
 from engine.sequence import SessionRef
 from engine.slo import load_slo_config
-from engine.stats import AgentSignals, EngineStats, WorkerReport
 from engine.worker import messages as m
 from engine.worker.capacity_loop import CapacityLoop
 from engine.worker.deployment import DeploymentSettings
 from engine.worker.handles import WorkerHandle
 from engine.worker.placement import Placer
 from engine.worker.pool import WorkerPool
+from engine.worker.queries import WorkerQueries
 from engine.worker.session_homes import SessionHomes
 from engine.worker.tracking import Tracked, TransferLog
 
@@ -45,7 +43,7 @@ SENDING_POLL_S = 0.001  # a step's longest wait while commands wait for room in 
 LIVENESS_POLL_S = 0.02  # between checks that each worker process is alive (a dead one's pipe also ends at once)
 
 
-class DisaggregatedEngine:
+class DisaggregatedEngine(WorkerQueries):
     steps_when_idle = True  # idle workers still report (released pins, restarts, nodes joining)
 
     def __init__(self, model: str, settings: EngineSettings | None = None,
@@ -300,71 +298,6 @@ class DisaggregatedEngine:
         tracked.attempt += 1
         tracked.skip, tracked.skip_chars = len(tracked.output_ids), tracked.emitted_chars
         self._dispatch(tracked)
-
-    def set_session_ttl(self, key: str, ttl_s: float) -> bool:
-        """Re-time the KV pin of a session's last turn on the worker holding it; False when none does."""
-        worker_id = self.homes.set_ttl(key, ttl_s, time.monotonic())
-        if worker_id is None or not self.workers[worker_id].alive:
-            return False
-        return self._send(self.workers[worker_id], m.SetSessionTTL(key, ttl_s))
-
-    def update_signals(self, signals: AgentSignals) -> None:
-        if self.capacity is not None:
-            self.capacity.update_signals(signals, time.monotonic())
-
-    def stats(self) -> EngineStats:
-        alive = [w for w in self.workers if w.alive]
-        roles = {role: sum(self._role_name(w.role) == role for w in alive)
-                 for role in (("colocated",) if self.colocated else (m.PREFILL, m.DECODE))}
-        total = EngineStats.total([w.stats for w in alive], roles)
-        if self.capacity is None:
-            return total
-        return replace(total, alerts=self.capacity.alerts.gauges(), role_moves=self.capacity.moves,
-                       capacity_target=self.capacity.target(), last_move_at=self.capacity.last_move_at)
-
-    def worker_reports(self) -> list[WorkerReport]:
-        return [WorkerReport(w.worker_id, self._role_name(w.role), w.node, w.stats) for w in self.workers if w.alive]
-
-    def _role_name(self, role: str) -> str:
-        """The colocated engine's one worker is neither a prefill nor a decode worker to the outside."""
-        return "colocated" if self.colocated else role
-
-    def kv_tier_stats(self) -> dict[str, Any] | None:
-        """The workers' KV tier counters summed, as of their latest Load reports (a dead worker's last one
-        included, so totals never go back); None before any worker with tiers has reported."""
-        return total_tier_stats([w.kv_tiers for w in self.workers if w.kv_tiers is not None])
-
-    def inject_kv_fault(self, fault: str | None) -> None:
-        """Failure testing only: make every prefill worker damage its KV transfers (None: stop)."""
-        for worker in self.workers:
-            if worker.alive:
-                self._send(worker, m.InjectKVFault(fault))
-
-    def kv_counters(self, timeout_s: float = 10.0) -> dict[int, m.KVCounters]:
-        """Each live worker's KV receive counters (asked between their steps)."""
-        self._counters.clear()
-        self._ask_every_worker(m.CountersQuery(), self._counters, timeout_s)
-        return dict(self._counters)
-
-    def reset_prefix_cache(self, timeout_s: float = 10.0) -> bool:
-        """Every live worker forgets its cached blocks; False if any could not (a request holds blocks)."""
-        self._resets.clear()
-        self._ask_every_worker(m.ResetPrefixCache(), self._resets, timeout_s)
-        return len(self._resets) == sum(w.alive for w in self.workers) and all(self._resets.values())
-
-    def _ask_every_worker(self, command: m.Command, answers: dict[int, Any], timeout_s: float) -> None:
-        for worker in self.workers:
-            if worker.alive:
-                self._send(worker, command)
-        deadline = time.monotonic() + timeout_s
-        while len(answers) < sum(w.alive for w in self.workers) and time.monotonic() < deadline:
-            self.step()
-
-    def set_role(self, worker_id: int, role: str) -> None:
-        worker = self.workers[worker_id]
-        worker.role = role
-        worker.switched_at = time.monotonic()
-        self._send(worker, m.SetRole(role, time.time()))
 
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams]
                  ) -> list[Completion]:
