@@ -179,19 +179,9 @@ def test_the_arriving_mix_is_the_prefill_share_of_the_window_at_the_settings_rat
     assert mix.prefill_share() is None
 
 
-THINKING = [_arrived(20000 * k, 100 * k, 2 * k) for k in range(12)]  # 0.1 s apart: prefill's share 0.8
-
-
-def _moved_to_prefill(policy: CapacityPolicy) -> None:
-    """A second of think-heavy arrivals ending at -0.1 s moves worker 2 to prefill (PDD -> PDP)."""
-    for k, total in enumerate(THINKING[:10]):
-        decision = policy.decide(snapshot("PDD", now=-1.0 + 0.1 * k, waiting=20000, streams=5, admitted_total=total))
-    assert decision.moves == (Move(2, P),)
-
-
 def _overloaded_reversal(policy: CapacityPolicy, now: float, total: AdmittedWork, **fields: object) -> Decision:
-    """PDP, worker 2 a prefill worker since 0.0: decode misses its target and prefill would still be busy in the
-    worker it keeps (no clear ask), past hold_s."""
+    """PDP after worker 2 moved to prefill at 0.0: decode misses its target and prefill would still be busy in
+    the worker it keeps (no clear ask), past hold_s."""
     return policy.decide(snapshot("PDP", now=now, waiting=12000, streams=40, switched={2: 0.0},
                                   running=(2, 40, 1), admitted_total=total, **fields))
 
@@ -199,25 +189,35 @@ def _overloaded_reversal(policy: CapacityPolicy, now: float, total: AdmittedWork
 def test_a_reversal_waits_for_the_arriving_mix_to_move_its_way(policy: CapacityPolicy) -> None:
     """The small model's swing on two cores: past the hold, the queues the last move left (a starved role's
     backlog) asked to undo it every 2 s with nothing changed in what arrived. Now the arriving mix must move."""
-    _moved_to_prefill(policy)
-    steady = _overloaded_reversal(policy, 3.0, THINKING[11])
+    thinking = [_arrived(20000 * k, 100 * k, 2 * k) for k in range(12)]  # 0.1 s apart: prefill share 0.8
+    for k, total in enumerate(thinking[:10]):
+        first = policy.decide(snapshot("PDD", now=-1.0 + 0.1 * k, waiting=20000, streams=5, admitted_total=total))
+    assert first.moves == (Move(2, P),)
+    steady = _overloaded_reversal(policy, 3.0, thinking[11])
     assert steady.moves == () and "arriving mix has not moved toward decode" in steady.reason
-    acting = _overloaded_reversal(policy, 3.5, THINKING[11] + _arrived(0, 4000, 10))
+    acting = policy.decide(snapshot("PDP", now=3.5, waiting=12000, streams=40, switched={2: 0.0},
+                                    running=(2, 40, 1), admitted_total=thinking[11] + _arrived(0, 4000, 10)))
     assert acting.moves == (Move(2, D),)  # since the window's start, 21 worker-s of decode arrived against 4 of prefill
 
 
-@pytest.mark.parametrize(("margin", "fields"), [(0.1, {"shift": "act"}), (0.0, {})])
-def test_a_shift_event_or_a_zero_margin_may_reverse_at_once(margin: float, fields: dict[str, object]) -> None:
-    policy = CapacityPolicy(CapacitySettings(demand_smoothing_s=0, reversal_mix_margin=margin))
-    _moved_to_prefill(policy)
-    assert _overloaded_reversal(policy, 3.0, THINKING[11], **fields).moves
+def test_a_shift_event_a_clear_ask_or_a_zero_margin_may_reverse_at_once() -> None:
+    def moved_then_steady(settings: CapacitySettings, **fields: object) -> Decision:
+        policy = CapacityPolicy(settings)
+        totals = [_arrived(20000 * k, 100 * k, 2 * k) for k in range(12)]
+        for k, total in enumerate(totals[:10]):
+            policy.decide(snapshot("PDD", now=-1.0 + 0.1 * k, waiting=20000, streams=5, admitted_total=total))
+        return _overloaded_reversal(policy, 3.0, totals[11], **fields)
 
-
-def test_a_clear_ask_may_reverse_at_once(policy: CapacityPolicy) -> None:
-    """Prefill has nothing left and decode needs more than its worker: the demand asks beyond doubt."""
-    _moved_to_prefill(policy)
-    clear = policy.decide(snapshot("PDP", now=3.0, streams=15, switched={2: 0.0}, admitted_total=THINKING[11]))
-    assert [move.role for move in clear.moves] == [D] and "held" not in clear.reason
+    guarded = CapacitySettings(demand_smoothing_s=0)
+    assert moved_then_steady(guarded).moves == ()
+    assert moved_then_steady(guarded, shift="act").moves
+    assert moved_then_steady(guarded.model_copy(update={"reversal_mix_margin": 0.0})).moves
+    policy = CapacityPolicy(guarded)
+    totals = [_arrived(20000 * k, 100 * k, 2 * k) for k in range(12)]
+    for k, total in enumerate(totals[:10]):
+        policy.decide(snapshot("PDD", now=-1.0 + 0.1 * k, waiting=20000, streams=5, admitted_total=totals[k]))
+    clear = policy.decide(snapshot("PDP", now=3.0, streams=15, switched={2: 0.0}, admitted_total=totals[11]))
+    assert clear.moves  # prefill has nothing left and decode needs more than its worker: asked beyond doubt
 
 
 def test_each_busy_role_keeps_a_worker(policy: CapacityPolicy) -> None:
