@@ -26,7 +26,7 @@ def snapshot(gateway: Gateway) -> LoadSnapshot:
                         prefill_tokens_per_s=sum(rates) / len(rates) if rates else None,
                         forecast_prefill_tokens=forecast.prefill_tokens if forecast else 0.0,
                         forecast_decode_tokens=forecast.decode_tokens if forecast else 0.0,
-                        admitted=gateway.admitted(), admitted_total=gateway.admitted_total)
+                        admitted=gateway.admitted())
 
 
 def control(gateway: Gateway, policy: CapacityPolicy) -> Generator[simpy.Event, Any, None]:

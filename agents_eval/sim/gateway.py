@@ -41,7 +41,6 @@ class Gateway:
     forecaster: Any = None  # predictor.forecast.LoadForecaster, when the config asks for it
     homes: dict[str, Home] = field(default_factory=dict)
     live: set[RequestRecord] = field(default_factory=set)
-    admitted_total: AdmittedWork = field(default_factory=AdmittedWork)  # every turn's work, as admitted
     _ids: itertools.count = field(default_factory=itertools.count)
 
     def __post_init__(self) -> None:
@@ -90,7 +89,6 @@ class Gateway:
             self.cluster.by_id(placement.decode_worker).incoming += 1
             self._dispatch(self.cluster.by_id(placement.prefill_worker), seq, record)
         self.live.add(record)
-        self.admitted_total += AdmittedWork(record.uncached_tokens, output_tokens, 1, 1)
         record.done.callbacks.append(lambda _: self._finished(record))
         return record
 

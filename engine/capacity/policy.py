@@ -20,11 +20,7 @@ it leaves, by over `demand_margin`. So a split under which every role meets its 
 within the margin stays, and a move never invites its reversal at the same demand. Time adds to this only for
 reversals: a role that gained a worker within `hold_s` gives none back unless the demand clearly asks for it
 (per worker, the taking role's demand is over 1 + `demand_margin` and the giving role's, in the workers it
-keeps, under 1 - `demand_margin`). Past the hold, a move that would undo the controller's last one also waits,
-unless the demand asks clearly or a shift event came, until the arriving work's mix (`engine.capacity.arriving`:
-prefill's share of the worker-seconds admitted within `mix_window_s`) has moved its way by `reversal_mix_margin`
-since the last move: otherwise the queues that move left (a starved role's backlog, and on a shared host the
-rates measured under it) ask for the reversal, then for the move again, with nothing changed in the load. A
+keeps, under 1 - `demand_margin`). A
 phase shift event (the think/act classifier's second signal) moves one step ahead of the queue: to think, at
 least one more prefill worker (and at least round(workers x think_share) when the share is known); to act, at
 least one fewer. Each role keeps `min_per_role` workers; with no work and nothing forecast the split stays. A
@@ -38,7 +34,6 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from engine.capacity.arriving import ArrivingMix
 from engine.capacity.settings import CapacitySettings, check_split
 from engine.capacity.signals import DECODE, PREFILL, LoadSnapshot, WorkerLoad
 
@@ -138,8 +133,6 @@ class CapacityPolicy:
         self.settings = settings
         self._pinned = settings.pinned_split
         self._smoothed: tuple[float, Demand] | None = None  # (at, demand averaged over demand_smoothing_s)
-        self._mix = ArrivingMix(settings)
-        self._last_move: tuple[str, float | None] | None = None  # (role it gave workers to, arriving share then)
 
     @property
     def pinned(self) -> tuple[int, int] | None:
@@ -148,15 +141,13 @@ class CapacityPolicy:
     def pin(self, prefill: int, decode: int) -> None:
         """Hold this split (scaled to the live workers when their number differs) until `unpin`."""
         check_split(prefill, decode)
-        self._pinned, self._last_move = (prefill, decode), None
+        self._pinned = (prefill, decode)
 
     def unpin(self) -> None:
-        self._pinned, self._last_move = None, None
+        self._pinned = None
 
     def decide(self, snapshot: LoadSnapshot) -> Decision:
         need = demand(snapshot, self.settings)
-        if snapshot.admitted_total is not None:
-            self._mix.observe(snapshot.now, snapshot.admitted_total)
         if snapshot.admitted is None:
             need = self._smooth(need, snapshot.now)
         if self._pinned is not None:
@@ -215,39 +206,15 @@ class CapacityPolicy:
         current = snapshot.count(PREFILL)
         giving, taking = (DECODE, PREFILL) if target > current else (PREFILL, DECODE)
         wanted = abs(target - current)
-        held = self._why_held(snapshot, giving, taking) if hold and wanted > 0 else None
-        if held and _clearly_asked(snapshot, need, taking, wanted, self.settings.demand_margin):
-            held = None
+        held = (hold and wanted > 0 and self._gained_recently(snapshot, giving)
+                and not _clearly_asked(snapshot, need, taking, wanted, self.settings.demand_margin))
         candidates = sorted((w for w in snapshot.workers if w.role == giving), key=_load_order)
         moves = () if held else tuple(Move(w.worker_id, taking) for w in candidates[:wanted])
-        if moves and hold:
-            self._last_move = (taking, self._mix.prefill_share())
         workers = len(snapshot.workers)
         reason = f"{why} -> {target} prefill / {workers - target} decode"
         if held:
-            reason += f"; held: {held}"
+            reason += f"; held: {giving} gained a worker within hold_s"
         return Decision(target, workers - target, moves, reason, need)
-
-    def _why_held(self, snapshot: LoadSnapshot, giving: str, taking: str) -> str | None:
-        if self._gained_recently(snapshot, giving):
-            return f"{giving} gained a worker within hold_s"
-        if self._reversal_unsupported(snapshot, taking):
-            return f"the arriving mix has not moved toward {taking} since the last move"
-        return None
-
-    def _reversal_unsupported(self, snapshot: LoadSnapshot, taking: str) -> bool:
-        """A move that would undo the controller's last one, while the arriving work's prefill share has not moved
-        its way by `reversal_mix_margin` since then: the demand that asks for it comes from the queues the last
-        move left (a starved role's backlog grows), not from the load. A shift event is evidence of its own."""
-        margin = self.settings.reversal_mix_margin
-        if self._last_move is None or margin == 0 or snapshot.shift is not None:
-            return False
-        moved_to, share_then = self._last_move
-        share_now = self._mix.prefill_share()
-        if moved_to == taking or share_then is None or share_now is None:
-            return False
-        toward_taking = share_now - share_then if taking == PREFILL else share_then - share_now
-        return toward_taking < margin
 
     def _gained_recently(self, snapshot: LoadSnapshot, role: str) -> bool:
         return any(w.role == role and w.last_switch_at is not None

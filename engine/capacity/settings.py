@@ -25,8 +25,6 @@ class CapacitySettings(YamlSettings):
     hold_s: NonNegative = 2.0
     min_per_role: Annotated[int, Field(ge=0)] = 1
     demand_margin: NonNegative = 0.25
-    mix_window_s: Positive = 1.0
-    reversal_mix_margin: Share = 0.1
     pinned_split: tuple[int, int] | None = None  # (prefill, decode)
 
     target_tpot_s: Positive = 0.05

@@ -64,8 +64,7 @@ class LoadSnapshot:
     measured; the policy then assumes the settings' rates. `think_share` is the phase monitor's think share
     of the recent mix (0..1) and `shift` the direction of its latest shift event within this interval, if
     any. The forecasts are the predictor's tokens expected within `forecast_horizon_s`. `admitted` is the
-    gateway's admitted work (None when nothing reports it: the policy then reads the workers' queues), and
-    `admitted_total` every turn's work it has admitted so far (None likewise).
+    gateway's admitted work (None when nothing reports it: the policy then reads the workers' queues).
     """
 
     now: float
@@ -77,7 +76,6 @@ class LoadSnapshot:
     forecast_prefill_tokens: float = 0.0
     forecast_decode_tokens: float = 0.0
     admitted: AdmittedWork | None = None
-    admitted_total: AdmittedWork | None = None  # all the gateway has admitted: its deltas are the arriving work
 
     def __post_init__(self) -> None:
         if self.shift not in (None, "think", "act"):

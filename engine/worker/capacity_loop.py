@@ -83,7 +83,7 @@ class CapacityLoop:
         rate = _mean([w.stats.prefill_tokens_per_s for w in alive if w.role == m.PREFILL])
         return LoadSnapshot(now, loads, tpot, rate, self.signals.think_share, shift,
                             self.signals.forecast_prefill_tokens, self.signals.forecast_decode_tokens,
-                            self.signals.admitted, self.signals.admitted_total if self.signals.admitted else None)
+                            self.signals.admitted)
 
     def _alerts(self, now: float) -> None:
         alive = [w for w in self.workers if w.alive]

@@ -45,8 +45,7 @@ class UpstreamCapacity(CapacityLoop):
                                  self.switched_at.get(i)) for i, r in self._live())
         signals = self.signals  # no measured step times upstream: the policy assumes the settings' rates
         return LoadSnapshot(now, loads, None, None, signals.think_share, shift, signals.forecast_prefill_tokens,
-                            signals.forecast_decode_tokens, signals.admitted,
-                            signals.admitted_total if signals.admitted else None)
+                            signals.forecast_decode_tokens, signals.admitted)
 
     def _move(self, worker_id: int, role: str) -> None:
         """A move takes effect at the next request routed: the time is the tick's."""

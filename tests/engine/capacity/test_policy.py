@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.capacity.arriving import ArrivingMix
 from engine.capacity.policy import CapacityPolicy, Decision, Demand, Move, demand
 from engine.capacity.settings import CapacitySettings
 from engine.capacity.signals import DECODE, PREFILL, AdmittedWork, LoadSnapshot, WorkerLoad
@@ -159,65 +158,6 @@ def test_the_hold_delays_an_unclear_reversal_but_not_a_clear_one(policy: Capacit
     # Prefill has nothing left to do and decode needs more than its worker: the demand asks clearly, at once.
     clear = policy.decide(snapshot("PDP", now=0.1, streams=15, switched={2: 0.0}))
     assert clear.moves and "held" not in clear.reason
-
-
-def _arrived(prefill_tokens: int, decode_tokens: int, turns: int) -> AdmittedWork:
-    return AdmittedWork(prefill_tokens, decode_tokens, turns, turns)
-
-
-def test_the_arriving_mix_is_the_prefill_share_of_the_window_at_the_settings_rates() -> None:
-    mix = ArrivingMix(CapacitySettings(mix_window_s=1.0))
-    assert mix.prefill_share() is None
-    mix.observe(0.0, _arrived(0, 0, 0))
-    mix.observe(0.5, _arrived(10000, 0, 1))  # 1 worker-second of prefill
-    assert mix.prefill_share() == pytest.approx(1.0)
-    mix.observe(1.0, _arrived(10000, 600, 2))  # 600 tokens x 0.005 s: 3 worker-seconds of decode
-    assert mix.prefill_share() == pytest.approx(0.25)
-    mix.observe(1.6, _arrived(10000, 1000, 3))  # the window starts at the 0.5 s total: decode only
-    assert mix.prefill_share() == pytest.approx(0.0)
-    mix.observe(3.0, _arrived(10000, 1000, 3))  # nothing arrived within the last window
-    assert mix.prefill_share() is None
-
-
-def _overloaded_reversal(policy: CapacityPolicy, now: float, total: AdmittedWork, **fields: object) -> Decision:
-    """PDP after worker 2 moved to prefill at 0.0: decode misses its target and prefill would still be busy in
-    the worker it keeps (no clear ask), past hold_s."""
-    return policy.decide(snapshot("PDP", now=now, waiting=12000, streams=40, switched={2: 0.0},
-                                  running=(2, 40, 1), admitted_total=total, **fields))
-
-
-def test_a_reversal_waits_for_the_arriving_mix_to_move_its_way(policy: CapacityPolicy) -> None:
-    """The small model's swing on two cores: past the hold, the queues the last move left (a starved role's
-    backlog) asked to undo it every 2 s with nothing changed in what arrived. Now the arriving mix must move."""
-    thinking = [_arrived(20000 * k, 100 * k, 2 * k) for k in range(12)]  # 0.1 s apart: prefill share 0.8
-    for k, total in enumerate(thinking[:10]):
-        first = policy.decide(snapshot("PDD", now=-1.0 + 0.1 * k, waiting=20000, streams=5, admitted_total=total))
-    assert first.moves == (Move(2, P),)
-    steady = _overloaded_reversal(policy, 3.0, thinking[11])
-    assert steady.moves == () and "arriving mix has not moved toward decode" in steady.reason
-    acting = policy.decide(snapshot("PDP", now=3.5, waiting=12000, streams=40, switched={2: 0.0},
-                                    running=(2, 40, 1), admitted_total=thinking[11] + _arrived(0, 4000, 10)))
-    assert acting.moves == (Move(2, D),)  # since the window's start, 21 worker-s of decode arrived against 4 of prefill
-
-
-def test_a_shift_event_a_clear_ask_or_a_zero_margin_may_reverse_at_once() -> None:
-    def moved_then_steady(settings: CapacitySettings, **fields: object) -> Decision:
-        policy = CapacityPolicy(settings)
-        totals = [_arrived(20000 * k, 100 * k, 2 * k) for k in range(12)]
-        for k, total in enumerate(totals[:10]):
-            policy.decide(snapshot("PDD", now=-1.0 + 0.1 * k, waiting=20000, streams=5, admitted_total=total))
-        return _overloaded_reversal(policy, 3.0, totals[11], **fields)
-
-    guarded = CapacitySettings(demand_smoothing_s=0)
-    assert moved_then_steady(guarded).moves == ()
-    assert moved_then_steady(guarded, shift="act").moves
-    assert moved_then_steady(guarded.model_copy(update={"reversal_mix_margin": 0.0})).moves
-    policy = CapacityPolicy(guarded)
-    totals = [_arrived(20000 * k, 100 * k, 2 * k) for k in range(12)]
-    for k, total in enumerate(totals[:10]):
-        policy.decide(snapshot("PDD", now=-1.0 + 0.1 * k, waiting=20000, streams=5, admitted_total=totals[k]))
-    clear = policy.decide(snapshot("PDP", now=3.0, streams=15, switched={2: 0.0}, admitted_total=totals[11]))
-    assert clear.moves  # prefill has nothing left and decode needs more than its worker: asked beyond doubt
 
 
 def test_each_busy_role_keeps_a_worker(policy: CapacityPolicy) -> None:
