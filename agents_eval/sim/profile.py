@@ -203,8 +203,8 @@ def worker_process(model: str, in_process_engine: LLMEngine, rng: random.Random
     the idle turn's TTFT through the process less the same turn's in process, the two taken in turn (the order
     alternating) so the host's drift falls on both; and the worker process's own idle penalty, its TTFT after
     each gap less its median back to back (a worker process waking from its wait pays more than the
-    in-process engine's step does). Medians of the two apart, taken minutes apart, put the hop at 0 three times
-    of three where it is about a millisecond."""
+    in-process engine's step does). Two medians taken a minute apart put the host's drift between them into
+    the hop."""
     from engine.config import EngineSettings
     from engine.worker.coordinator import colocated_engine
 
