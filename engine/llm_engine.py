@@ -161,7 +161,7 @@ class LLMEngine:
         block_tables = [self.kv.block_ids(s.request_id) for s in batch.seqs]
         layer_done = None if on_layer is None else functools.partial(on_layer, batch)
         result = self.runner.execute(batch, block_tables, layer_done)
-        self.step_timer.observe(time.monotonic() - started, batch.prompt_tokens)
+        self.step_timer.observe(time.monotonic() - started, batch.prompt_tokens, len(batch.seqs))
         self.scheduler.update(batch, result.sampled)
         outputs = []
         for seq in batch.seqs:
@@ -230,7 +230,8 @@ class LLMEngine:
         return replace(queues, kv_usage=self.kv.usage, kv_blocks_free=self.kv.num_free_blocks,
                        prefix_cache_queries=self.kv.stats.queries, prefix_cache_hits=self.kv.stats.hits,
                        decode_step_s=self.step_timer.decode_step_s,
-                       prefill_tokens_per_s=self.step_timer.prefill_tokens_per_s, workers={"colocated": 1})
+                       prefill_tokens_per_s=self.step_timer.prefill_tokens_per_s,
+                       decode_line=self.step_timer.decode_line.line(), workers={"colocated": 1})
 
     def wakeup(self) -> None:
         """Nothing to do: a colocated step never blocks waiting for events."""

@@ -10,20 +10,52 @@ from engine.sequence import Sequence
 
 
 @dataclass
+class DecodeLine:
+    """A decode step's time against the streams in it, t(b) = base_s + per_stream_s x b: least squares over
+    the decode-only steps, each weighted (1 - alpha) less than the next (its memory is about 1 / alpha
+    steps). Batching makes a stream's token cost fall as streams share a step, so a worker's seconds per
+    token depend on its batch: this line, not one step time, says how many workers a number of streams needs.
+    Unknown (None) until the steps seen span batch sizes with a variance of at least `min_batch_variance`."""
+
+    alpha: float = 0.05
+    min_batch_variance: float = 0.25
+    moments: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0, 0.0)  # weighted sums of 1, b, t, b*b, b*t
+
+    def observe(self, streams: int, seconds: float) -> None:
+        new = (1.0, streams, seconds, streams * streams, streams * seconds)
+        self.moments = tuple(m + self.alpha * (x - m) for m, x in zip(self.moments, new, strict=True))
+
+    def line(self) -> tuple[float, float] | None:
+        """(base_s, per_stream_s), both at least 0; None until fitted."""
+        weight, b, t, bb, bt = self.moments
+        if weight == 0.0:
+            return None
+        b, t, bb, bt = b / weight, t / weight, bb / weight, bt / weight
+        variance = bb - b * b
+        if variance < self.min_batch_variance:
+            return None
+        per_stream = max(0.0, (bt - b * t) / variance)
+        return max(0.0, t - per_stream * b), per_stream
+
+
+@dataclass
 class StepTimer:
     """Exponential moving averages of how long steps take: decode-only steps (seconds per output token
-    of one stream) and prefill throughput (prompt tokens computed per second)."""
+    of one stream) and prefill throughput (prompt tokens computed per second); and the decode step's line
+    against its batch size."""
 
     alpha: float = 0.2
     decode_step_s: float = 0.0
     prefill_tokens_per_s: float = 0.0
+    decode_line: DecodeLine = field(default_factory=DecodeLine)
 
-    def observe(self, seconds: float, prefill_tokens: int) -> None:
+    def observe(self, seconds: float, prefill_tokens: int, streams: int = 1) -> None:
         if prefill_tokens:
             rate = prefill_tokens / max(seconds, 1e-9)
             self.prefill_tokens_per_s = ema(self.prefill_tokens_per_s, rate, self.alpha)
         else:
             self.decode_step_s = ema(self.decode_step_s, seconds, self.alpha)
+            self.decode_line.observe(streams, seconds)
 
 
 @dataclass(frozen=True)
@@ -54,6 +86,7 @@ class EngineStats:
     prefix_cache_hits: int = 0  # cumulative
     decode_step_s: float = 0.0  # EMA; 0 until a decode-only step ran
     prefill_tokens_per_s: float = 0.0  # EMA; 0 until a prefill ran
+    decode_line: tuple[float, float] | None = None  # DecodeLine.line(): (base_s, per_stream_s); None until fitted
     workers: dict[str, int] = field(default_factory=dict)  # role -> count
     alerts: dict[str, int] = field(default_factory=dict)  # capacity alert -> 1 while firing
     role_moves: int = 0  # cumulative role changes the capacity controller made
@@ -77,7 +110,16 @@ class EngineStats:
                    sum(p.decode_streams for p in parts), mean([p.kv_usage for p in parts]),
                    sum(p.kv_blocks_free for p in parts), sum(p.prefix_cache_queries for p in parts),
                    sum(p.prefix_cache_hits for p in parts), mean([p.decode_step_s for p in parts]),
-                   mean([p.prefill_tokens_per_s for p in parts]), workers, kv_transfers=transfers)
+                   mean([p.prefill_tokens_per_s for p in parts]), mean_line([p.decode_line for p in parts]),
+                   workers, kv_transfers=transfers)
+
+
+def mean_line(lines: list[tuple[float, float] | None]) -> tuple[float, float] | None:
+    """The mean of the fitted decode lines (base_s, per_stream_s); None when none is fitted."""
+    fitted = [line for line in lines if line is not None]
+    if not fitted:
+        return None
+    return sum(b for b, _ in fitted) / len(fitted), sum(p for _, p in fitted) / len(fitted)
 
 
 def queue_stats(running: list[Sequence], waiting: list[Sequence], now: float) -> EngineStats:

@@ -14,6 +14,7 @@ from agents_eval.sim.gateway import Gateway
 from agents_eval.sim.records import RoleChange
 from engine.capacity.policy import CapacityPolicy
 from engine.capacity.signals import DECODE, PREFILL, LoadSnapshot
+from engine.stats import mean_line
 
 
 def snapshot(gateway: Gateway) -> LoadSnapshot:
@@ -26,7 +27,9 @@ def snapshot(gateway: Gateway) -> LoadSnapshot:
                         prefill_tokens_per_s=sum(rates) / len(rates) if rates else None,
                         forecast_prefill_tokens=forecast.prefill_tokens if forecast else 0.0,
                         forecast_decode_tokens=forecast.decode_tokens if forecast else 0.0,
-                        admitted=gateway.admitted())
+                        admitted=gateway.admitted(),
+                        decode_line=mean_line([w.rates.decode_line.line() for w in cluster.workers
+                                               if w.role == DECODE]))
 
 
 def control(gateway: Gateway, policy: CapacityPolicy) -> Generator[simpy.Event, Any, None]:

@@ -148,7 +148,7 @@ class SimWorker:
     def _account(self, batch: ScheduledBatch, seconds: float) -> None:
         self.busy_s += seconds
         self.log.steps += 1
-        self.rates.observe(seconds, batch.prompt_tokens)
+        self.rates.observe(seconds, batch.prompt_tokens, len(batch.seqs))
 
     def _token(self, seq: SimSequence) -> None:
         record, now = self.records[seq.request_id], self.env.now

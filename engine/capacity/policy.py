@@ -10,9 +10,13 @@ most one worker busy: it is prefilled on one), plus the forecast prompt tokens w
 the measured seconds per token of one worker, less the prompt tokens queued on decode workers: conditional
 disaggregation prefills them where they decode, so more prefill workers would not serve them sooner (they are
 left out rather than added to the decode demand: a worker's queue would then change sides with its role, and a
-move invite its reversal). Decode: each stream owed a token every `target_tpot_s` (an admitted stream no faster
-than its expected tokens spread over the horizon), plus the forecast output tokens within the horizon, at the
-measured worker seconds per output token (the decode step time over the streams per decoding worker).
+move invite its reversal). Decode: the streams owed a token every `target_tpot_s` (an admitted stream no faster
+than its expected tokens spread over the horizon; the forecast output tokens within the horizon count as streams
+at that pace), at the workers' fitted decode line, t(b) = base + per_stream x b: spread over d workers they step
+within the target from d = per_stream x streams / (target - base) on (at most one worker a stream). The line
+makes the demand the same whatever the split; a flat seconds-per-token read of the step time at the current
+batch would say more workers the more decode has, and invite moves it cannot fill. Until the line is fitted,
+one through 0 at the measured step time over the streams per decoding worker stands in.
 
 Hysteresis by demand margin: a worker moves to a role only while that role has more demand than workers (it
 misses its target) and, before the worker joins, more demand per worker than the giving role will have after
@@ -66,6 +70,23 @@ def decode_s_per_token(snapshot: LoadSnapshot, settings: CapacitySettings) -> fl
     return snapshot.tpot_s * len(streams) / sum(streams)
 
 
+def decode_line(snapshot: LoadSnapshot, settings: CapacitySettings) -> tuple[float, float]:
+    """A decode step's seconds against its streams, (base_s, per_stream_s): the workers' fitted line, else a line
+    through 0 at the measured (or assumed) seconds per token, which no batch size makes cheaper."""
+    return snapshot.decode_line or (0.0, decode_s_per_token(snapshot, settings))
+
+
+def decode_workers(streams: float, line: tuple[float, float], target_tpot_s: float) -> float:
+    """Decode workers `streams` keep busy at the target: spread over d workers each steps in base + per x
+    streams / d, which meets the target from d = per x streams / (target - base) on. A stream is decoded on one
+    worker, so it keeps at most one busy (also where the base alone misses the target)."""
+    base, per_stream = line
+    headroom = target_tpot_s - base
+    if headroom <= 0:
+        return streams
+    return min(streams, per_stream * streams / headroom)
+
+
 def demand(snapshot: LoadSnapshot, settings: CapacitySettings) -> Demand:
     horizon = settings.forecast_horizon_s
     prefill_s_per_token = 1.0 / (snapshot.prefill_tokens_per_s or settings.prefill_tokens_per_s)
@@ -75,7 +96,8 @@ def demand(snapshot: LoadSnapshot, settings: CapacitySettings) -> Demand:
         prefill = min(prefill, snapshot.admitted.prompts)
     prefill += prefill_s_per_token * snapshot.forecast_prefill_tokens / horizon
     decode_tokens_per_s = _decode_owed(snapshot, settings) + snapshot.forecast_decode_tokens / horizon
-    return Demand(prefill, decode_s_per_token(snapshot, settings) * decode_tokens_per_s)
+    streams = decode_tokens_per_s * settings.target_tpot_s  # each owed a token every target_tpot_s
+    return Demand(prefill, decode_workers(streams, decode_line(snapshot, settings), settings.target_tpot_s))
 
 
 def _prefill_backlog(snapshot: LoadSnapshot) -> int:

@@ -60,9 +60,10 @@ class LoadSnapshot:
     """The engine's load at `now`.
 
     `tpot_s` is the mean decode step time of the workers that decode (seconds per output token of one stream,
-    at their current batch); `prefill_tokens_per_s` one worker's measured prefill rate. Either is None until
-    measured; the policy then assumes the settings' rates. `think_share` is the phase monitor's think share
-    of the recent mix (0..1) and `shift` the direction of its latest shift event within this interval, if
+    at their current batch); `decode_line` their mean fitted decode step time against its streams, (base_s,
+    per_stream_s) (`engine.stats.DecodeLine`); `prefill_tokens_per_s` one worker's measured prefill rate. Each
+    is None until measured; the policy then assumes the settings' rates. `think_share` is the phase monitor's
+    think share of the recent mix (0..1) and `shift` the direction of its latest shift event within this interval, if
     any. The forecasts are the predictor's tokens expected within `forecast_horizon_s`. `admitted` is the
     gateway's admitted work (None when nothing reports it: the policy then reads the workers' queues).
     """
@@ -76,6 +77,7 @@ class LoadSnapshot:
     forecast_prefill_tokens: float = 0.0
     forecast_decode_tokens: float = 0.0
     admitted: AdmittedWork | None = None
+    decode_line: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         if self.shift not in (None, "think", "act"):

@@ -16,7 +16,7 @@ from engine.capacity.events import EventLog, JsonValue
 from engine.capacity.policy import CapacityPolicy, Decision
 from engine.capacity.settings import CapacitySettings
 from engine.capacity.signals import LoadSnapshot, Shift, WorkerLoad
-from engine.stats import AgentSignals, ema
+from engine.stats import AgentSignals, ema, mean_line
 from engine.worker import messages as m
 from engine.worker.handles import WorkerHandle
 
@@ -81,9 +81,10 @@ class CapacityLoop:
                                  w.stats.decode_streams, w.switched_at or None) for w in alive)
         tpot = _mean([w.stats.decode_step_s for w in alive if w.role == m.DECODE])
         rate = _mean([w.stats.prefill_tokens_per_s for w in alive if w.role == m.PREFILL])
+        line = mean_line([w.stats.decode_line for w in alive if w.role == m.DECODE])
         return LoadSnapshot(now, loads, tpot, rate, self.signals.think_share, shift,
                             self.signals.forecast_prefill_tokens, self.signals.forecast_decode_tokens,
-                            self.signals.admitted)
+                            self.signals.admitted, line)
 
     def _alerts(self, now: float) -> None:
         alive = [w for w in self.workers if w.alive]
