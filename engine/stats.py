@@ -17,8 +17,8 @@ class DecodeLine:
     token depend on its batch: this line, not one step time, says how many workers a number of streams needs.
     Unknown (None) until the steps seen span batch sizes with a variance of at least `min_batch_variance`."""
 
-    alpha: float = 0.05
-    min_batch_variance: float = 0.25
+    alpha: float = 0.02
+    min_batch_variance: float = 1.0
     moments: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0, 0.0)  # weighted sums of 1, b, t, b*b, b*t
 
     def observe(self, streams: int, seconds: float) -> None:

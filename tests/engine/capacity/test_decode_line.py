@@ -35,7 +35,7 @@ def test_no_line_until_the_batches_vary_and_none_below_zero() -> None:
     for _ in range(50):
         line.observe(4, 0.02)
     assert line.line() is None  # one batch size says nothing of the slope
-    for batch in (1, 8) * 50:
+    for batch in (1, 8) * 200:
         line.observe(batch, 0.02 - 0.001 * batch)  # noise can slope the wrong way
     base, per_stream = line.line() or (-1.0, -1.0)
     assert per_stream == 0.0 and base == pytest.approx(0.02 - 0.001 * 4.5, rel=0.05)
@@ -43,7 +43,7 @@ def test_no_line_until_the_batches_vary_and_none_below_zero() -> None:
 
 def test_the_step_timer_fits_decode_steps_only_and_engine_stats_average_the_lines() -> None:
     timer = StepTimer()
-    for batch in (1, 3) * 40:
+    for batch in (1, 5) * 40:
         timer.observe(0.01 + 0.002 * batch, 0, batch)
         timer.observe(0.5, 2048, batch)  # a prefill step: its rate, not the decode line
     base, per_stream = timer.decode_line.line() or (0.0, 0.0)
