@@ -18,6 +18,7 @@ from typing import Any
 
 from rich.progress import Progress
 
+from agents_eval.bench.capacity.simulated import simulate_swing
 from agents_eval.bench.capacity.swing import RunResult, SwingWorkload, run_swing
 from agents_eval.report import LineChart, Table, machine_info, write_report
 from engine.capacity.settings import CapacitySettings
@@ -94,12 +95,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--period", type=float, default=SwingWorkload.period_s, help="seconds per think/act window")
     parser.add_argument("--rate", type=float, default=SwingWorkload.rate, help="requests per second")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--think-prompt", type=int, default=SwingWorkload.think_prompt,
+                        help="prompt tokens of a think turn")
+    parser.add_argument("--act-output", type=int, default=SwingWorkload.act_output,
+                        help="output tokens of an act turn")
+    parser.add_argument("--simulated", type=Path, default=None, metavar="CALIBRATION",
+                        help="run the swing in the cluster simulator, each worker one core as this calibration "
+                             "(`agentserve profile`) measured it, instead of on this host's worker processes")
 
 
 def run(args: argparse.Namespace) -> None:
     if args.workers < 2:
         raise ValueError(f"--workers must be at least 2 (one per role), got {args.workers}")
-    workload = SwingWorkload(duration_s=args.duration, period_s=args.period, rate=args.rate, seed=args.seed)
+    for flag in ("think_prompt", "act_output"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    if args.simulated is not None and not args.simulated.is_file():
+        raise ValueError(f"--simulated: no calibration file at {args.simulated} (make one with agentserve profile)")
+    workload = SwingWorkload(duration_s=args.duration, period_s=args.period, rate=args.rate, seed=args.seed,
+                             think_prompt=args.think_prompt, act_output=args.act_output)
     half = args.workers // 2
     log = EVENTS_KEPT  # the whole run's moves are read from the event log at its end
     runs = {"controller": ((half, args.workers - half), CapacitySettings(enabled=True, event_log_size=log))}
@@ -110,7 +124,12 @@ def run(args: argparse.Namespace) -> None:
     with Progress() as progress:
         for name, (split, capacity) in runs.items():
             task = progress.add_task(name, total=len(workload.arrivals()))
-            results[name] = run_swing(args.model, workload, split, capacity, functools.partial(progress.advance, task))
+            if args.simulated is not None:
+                results[name] = simulate_swing(args.model, workload, split, capacity, args.simulated)
+                progress.advance(task, len(workload.arrivals()))
+            else:
+                results[name] = run_swing(args.model, workload, split, capacity,
+                                          functools.partial(progress.advance, task))
     write(args.out, args, workload, results)
 
 
@@ -131,7 +150,8 @@ def write(out: Path, args: argparse.Namespace, workload: SwingWorkload, results:
     moves = moves_per_window(results["controller"])
     reached = goal(shifts, moves, summaries)
     settings = {k: v for k, v in vars(args).items() if isinstance(v, int | float | str)}
-    data = {"settings": {**settings, "out": str(args.out), "workload": workload.__dict__},
+    simulated = None if args.simulated is None else str(args.simulated)
+    data = {"settings": {**settings, "out": str(args.out), "workload": workload.__dict__, "simulated": simulated},
             "machine": machine_info(), "configs": summaries, "best_fixed": ranked[0], "worst_fixed": ranked[-1],
             "reallocations": shifts, "moves_per_window": moves, "goal": reached,
             "timeline": results["controller"].timeline, "windows": results["controller"].window_starts}
@@ -141,8 +161,14 @@ def write(out: Path, args: argparse.Namespace, workload: SwingWorkload, results:
                       "seconds", "prefill workers / think share x workers", [t for t, _, _ in timeline],
                       {"prefill workers": [n for _, n, _ in timeline],
                        "think share x workers": [share * args.workers for _, _, share in timeline]})
-    write_report(out, data, "Capacity controller: reallocation latency and p99 through a swing", tables, chart,
-                 notes=[_goal_note(reached)])
+    title = "Capacity controller: reallocation latency and p99 through a swing"
+    notes = [_goal_note(reached)]
+    if args.simulated is not None:
+        title += " (simulated)"
+        notes.insert(0, f"Simulated: each worker one core as the calibration {args.simulated} measured it "
+                        "(agents_eval/bench/capacity/simulated.py); moves apply at once, the controller decides "
+                        "every interval, no phase-shift events.")
+    write_report(out, data, title, tables, chart, notes=notes)
 
 
 def _ms(value: float | None) -> str:

@@ -120,7 +120,7 @@ def _drive(engine: DisaggregatedEngine, workload: SwingWorkload, progress: Calla
         now = time.monotonic()
         while pending and pending[0][0] <= now - start:
             at, phase = pending.pop(0)
-            _window_boundary(result, workload, at)
+            note_window(result, workload, at)
             request_id = f"r{result.requests - len(pending)}"
             submit(engine, signals, request_id, phase)
             live[request_id] = _Live(start + at)
@@ -155,7 +155,8 @@ class _Submitter:
         engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=output, ignore_eos=True), request_id)
 
 
-def _window_boundary(result: RunResult, workload: SwingWorkload, at: float) -> None:
+def note_window(result: RunResult, workload: SwingWorkload, at: float) -> None:
+    """Record the start of a new think/act window at the arrival `at` (seconds from the start)."""
     phase = workload.window_phase(at)
     if not result.window_starts or result.window_starts[-1][1] != phase:
         result.window_starts.append((at, phase))

@@ -1,0 +1,88 @@
+"""The capacity benchmark's swing in the cluster simulator (`agentserve bench capacity --simulated CAL`): the same
+arrivals, the same policy objects (`CapacityPolicy`, the KV-aware router, the scheduler), on workers that are each
+a unit of capacity, stepping at the times a calibration (`agentserve profile`) measured for one worker alone.
+
+Why: on this host every worker process shares two cores, so a worker is not a unit of capacity. A swing light
+enough to leave the cores free never asks for a move (no role misses its target), and one that asks for moves
+overloads the cores, where each worker's measured rates depend on how many others run (docs/capacity.md). The
+simulator answers the question the benchmark asks, how the controller follows a swing where each worker has
+its own compute, and labels it simulated.
+
+What differs from the real run: a move takes effect at once (the real worker finishes its step first, 1-4 ms
+measured); the controller decides every `interval_s` (the real one also decides at once when the admitted work
+changes, so the simulated latencies are up to one interval longer); the think/act classifier's shift events are
+not simulated (only the admitted demand moves workers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agents_eval.bench.capacity.swing import RunResult, SwingWorkload, note_window
+from agents_eval.sim.config import ClusterConfig, EngineKnobs, Pool
+from agents_eval.sim.run import simulate
+from agents_eval.sim.workload import SimSession, SimTurn
+from agents_eval.workloads.types import APPEND
+from engine.capacity.settings import CapacitySettings
+
+
+def swing_sessions(workload: SwingWorkload) -> list[SimSession]:
+    """Each turn of the swing as a one-turn session of fresh tokens (the real run's prompts share nothing)."""
+    sessions = []
+    for index, (at, phase) in enumerate(workload.arrivals()):
+        prompt = workload.think_prompt if phase == "think" else workload.act_prompt
+        output = workload.think_output if phase == "think" else workload.act_output
+        sessions.append(SimSession(f"swing-{index:05d}", at, 0, APPEND, (SimTurn(0.0, prompt, output, phase),)))
+    return sessions
+
+
+def swing_cluster(model: str, split: tuple[int, int], capacity: CapacitySettings, calibration: Path
+                  ) -> ClusterConfig:
+    """`split[0]` prefill and `split[1]` decode workers, one calibrated CPU core each, as worker processes over
+    shared memory (the real benchmark's deployment), the controller on when `capacity.enabled`."""
+    from engine.config import EngineSettings
+    from engine.loader import resolve_model
+    from engine.requests import num_kv_blocks
+
+    settings = EngineSettings()
+    pools = (Pool(device="cpu", nodes=split[0], gpus_per_node=1, tensor_parallel=1, role="prefill"),
+             Pool(device="cpu", nodes=split[1], gpus_per_node=1, tensor_parallel=1, role="decode"))
+    knobs = EngineKnobs(block_size=settings.block_size, max_num_batched_tokens=settings.max_num_batched_tokens,
+                        max_num_seqs=settings.max_num_seqs, queue_policy=settings.queue_policy,
+                        max_kv_blocks=num_kv_blocks(resolve_model(model).config, settings))
+    overrides = capacity.model_dump()
+    return ClusterConfig(name=f"swing {split[0]}P/{split[1]}D", model=model, dtype="float32", pools=pools,
+                         engine=knobs, transport="shm", calibration=str(calibration), capacity=overrides,
+                         controller=capacity.enabled, worker_processes=True)
+
+
+def simulate_swing(model: str, workload: SwingWorkload, split: tuple[int, int], capacity: CapacitySettings,
+                   calibration: Path) -> RunResult:
+    """One swing through the simulator, recorded as the real run records it: TTFT from the planned arrival,
+    the controller's moves (each applied at once) as its events, the split over time."""
+    config = swing_cluster(model, split, capacity, calibration)
+    cluster, _ = simulate(config, swing_sessions(workload))
+    requests = cluster.log.requests
+    result = RunResult(requests=len(requests), finished=len(requests))
+    result.ttft_s = [r.ttft_s for r in requests]
+    result.tpot_s = [r.tpot_s for r in requests if r.tokens > 1]
+    for at, _ in workload.arrivals():
+        note_window(result, workload, at)
+    for change in cluster.log.role_changes:
+        move = {"at": change.at_s, "worker_id": change.worker_id, "role": change.role}
+        result.events += [{**move, "kind": "move"}, {**move, "kind": "role_applied"}]
+    result.timeline = _steps(cluster.log.splits, workload)
+    return result
+
+
+def _steps(splits: list[tuple[float, int, int]], workload: SwingWorkload) -> list[tuple[float, int, float]]:
+    """The split as a step line (a point before and after each change, and at the end), beside the window's
+    planned think share (the simulation has no phase monitor)."""
+    share = {"think": workload.majority, "act": 1 - workload.majority}
+    points: list[tuple[float, int, float]] = []
+    for at, prefill, _ in splits:
+        if points:
+            points.append((at, points[-1][1], share[workload.window_phase(at)]))
+        points.append((at, prefill, share[workload.window_phase(at)]))
+    if points:
+        points.append((workload.duration_s, points[-1][1], share[workload.window_phase(workload.duration_s)]))
+    return points
