@@ -55,7 +55,10 @@ class Window:
         return self.end_s - self.start_s if math.isfinite(self.end_s) else None
 
 
-def simulate(config: ClusterConfig, sessions: list[SimSession], window: Window = Window()) -> tuple[Cluster, Summary]:
+def simulate(config: ClusterConfig, sessions: list[SimSession], window: Window = Window(),
+             policy: CapacityPolicy | None = None) -> tuple[Cluster, Summary]:
+    """Play `sessions` on the cluster; with `config.controller`, `policy` (default: the config's own
+    `CapacityPolicy`) moves its workers."""
     env = simpy.Environment()
     cluster = build_cluster(env, config)
     settings = CapacitySettings(**config.capacity)
@@ -63,7 +66,7 @@ def simulate(config: ClusterConfig, sessions: list[SimSession], window: Window =
     system = cluster.tokens.fresh(max((s.system_tokens for s in sessions), default=0))
     plays = [env.process(gateway.play(s, system[:s.system_tokens])) for s in sessions]
     if config.controller:
-        env.process(control(gateway, CapacityPolicy(settings)))
+        env.process(control(gateway, policy or CapacityPolicy(settings)))
     with _collector_off():
         env.run(until=simpy.AllOf(env, plays))
     return cluster, summarize(cluster.log, config, cluster.price_per_hour(), window)

@@ -56,12 +56,25 @@ def test_the_controller_moves_simulated_workers_into_the_think_windows(calibrati
     assert fixed.events == [] and fixed.requests == run.requests
 
 
+def test_a_planned_split_follows_the_schedule_not_the_load(calibration: Path) -> None:
+    run = simulate_swing("tiny", WORKLOAD, (2, 2), CapacitySettings(enabled=False), calibration,
+                         plan=((3, 1), (1, 3)))
+    split_at = {at: prefill for at, prefill, _ in run.timeline}  # a step line: a time's last point is the new
+    expected = {"act": 1, "think": 3}
+    assert all(prefill == expected[WORKLOAD.window_phase(at)] for at, prefill in split_at.items() if at < 30.0)
+    moves = sorted({e["at"] for e in run.events if e["kind"] == "move" and e["at"] < WORKLOAD.duration_s})
+    assert len(moves) == 3  # into the first act window, then at each window's first decision (every 0.1 s)
+    assert all(at % WORKLOAD.period_s <= 0.1 + 1e-6 for at in moves)
+
+
 def test_the_cli_writes_a_simulated_report(tmp_path: Path, calibration: Path) -> None:
     main(["bench", "capacity", "--out", str(tmp_path), "--workers", "3", "--duration", "20", "--period", "5",
           "--model", "tiny", "--simulated", str(calibration)])
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["settings"]["simulated"] == str(calibration)
-    assert set(report["configs"]) == {"controller", "fixed 1P/2D", "fixed 2P/1D"}
+    planned = "planned 2P/1D think, 1P/2D act"
+    assert set(report["configs"]) == {"controller", "fixed 1P/2D", "fixed 2P/1D", planned}
+    assert report["configs"][planned]["finished"] == report["configs"]["controller"]["requests"]
     assert [r["shift_to"] for r in report["reallocations"]] == ["think", "act", "think"]
     assert "(simulated)" in (tmp_path / "report.md").read_text()
 

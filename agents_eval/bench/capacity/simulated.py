@@ -22,7 +22,9 @@ from agents_eval.sim.config import ClusterConfig, EngineKnobs, Pool
 from agents_eval.sim.run import simulate
 from agents_eval.sim.workload import SimSession, SimTurn
 from agents_eval.workloads.types import APPEND
+from engine.capacity.policy import CapacityPolicy, Decision
 from engine.capacity.settings import CapacitySettings
+from engine.capacity.signals import LoadSnapshot
 
 
 def swing_sessions(workload: SwingWorkload) -> list[SimSession]:
@@ -55,12 +57,31 @@ def swing_cluster(model: str, split: tuple[int, int], capacity: CapacitySettings
                          controller=capacity.enabled, worker_processes=True)
 
 
+class PlannedSplit(CapacityPolicy):
+    """A controller that knows the swing's schedule: at each window's start it pins the split the window's phase
+    is given (`think` and `act`: prefill and decode workers). No real controller can know the schedule; what
+    it serves is the most the swing rewards moving workers at all."""
+
+    def __init__(self, settings: CapacitySettings, workload: SwingWorkload, think: tuple[int, int],
+                 act: tuple[int, int]) -> None:
+        super().__init__(settings)
+        self.workload, self.splits = workload, {"think": think, "act": act}
+
+    def decide(self, snapshot: LoadSnapshot) -> Decision:
+        self.pin(*self.splits[self.workload.window_phase(snapshot.now)])
+        return super().decide(snapshot)
+
+
 def simulate_swing(model: str, workload: SwingWorkload, split: tuple[int, int], capacity: CapacitySettings,
-                   calibration: Path) -> RunResult:
+                   calibration: Path, plan: tuple[tuple[int, int], tuple[int, int]] | None = None) -> RunResult:
     """One swing through the simulator, recorded as the real run records it: TTFT from the planned arrival,
-    the controller's moves (each applied at once) as its events, the split over time."""
+    the controller's moves (each applied at once) as its events, the split over time. With `plan` (think and
+    act splits) the split follows the swing's schedule instead of the controller (`PlannedSplit`)."""
+    if plan is not None:
+        capacity = capacity.model_copy(update={"enabled": True})
     config = swing_cluster(model, split, capacity, calibration)
-    cluster, _ = simulate(config, swing_sessions(workload))
+    policy = None if plan is None else PlannedSplit(capacity, workload, *plan)
+    cluster, _ = simulate(config, swing_sessions(workload), policy=policy)
     requests = cluster.log.requests
     result = RunResult(requests=len(requests), finished=len(requests))
     result.ttft_s = [r.ttft_s for r in requests]
