@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,12 +22,26 @@ def request(gateway_url: str, model: str, **extra: Any) -> dict[str, Any]:
 @pytest.fixture(scope="module", autouse=True)
 def sync_dispatch_loop() -> Iterator[None]:
     """litellm's service logger takes `asyncio.get_event_loop()` inside sync calls, which creates a loop that
-    nobody closes (an unraisable ResourceWarning at exit): give its sync calls one, closed after the module."""
+    nobody closes (an unraisable ResourceWarning at exit): give its sync calls one, closed after the module.
+    litellm also keeps every provider client it made, with its open connection to the gateway, until the
+    process ends: those are closed after the module too."""
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     yield
+    close_cached_clients()
     asyncio.set_event_loop(None)
     loop.close()
+
+
+def close_cached_clients() -> None:
+    """Close the clients litellm cached (sync ones here; async ones are bound to their test's loop, which
+    pytest-asyncio has closed, and their connections with it) and forget them."""
+    cache = litellm.in_memory_llm_clients_cache
+    for client in list(cache.cache_dict.values()):
+        close = getattr(client, "close", None)
+        if callable(close) and not inspect.iscoroutinefunction(close):
+            close()
+    cache.flush_cache()
 
 
 @pytest.fixture(scope="module")
