@@ -35,20 +35,24 @@ WARM_UP_PROMPT_TOKENS = (256, 1024, 2048)  # each request of the warm-up, run to
 WARM_UP_OUTPUT_TOKENS = 8
 
 
-def cpu_cluster(deployment: str, calibration: Path, model: str) -> ClusterConfig:
+def engine_knobs(model: str) -> EngineKnobs:
+    """The real engine's scheduler settings (the defaults), and the KV blocks it gives `model`."""
     from engine.config import EngineSettings
     from engine.loader import resolve_model
     from engine.requests import num_kv_blocks
 
     settings = EngineSettings()
+    return EngineKnobs(block_size=settings.block_size, max_num_batched_tokens=settings.max_num_batched_tokens,
+                       max_num_seqs=settings.max_num_seqs, queue_policy=settings.queue_policy,
+                       max_kv_blocks=num_kv_blocks(resolve_model(model).config, settings))
+
+
+def cpu_cluster(deployment: str, calibration: Path, model: str) -> ClusterConfig:
     roles = ("colocated",) if deployment == DEPLOYMENTS[0] else ("prefill", "decode")
     pools = tuple(Pool(device="cpu", nodes=1, gpus_per_node=1, tensor_parallel=1, role=role) for role in roles)  # type: ignore[arg-type]
-    knobs = EngineKnobs(block_size=settings.block_size, max_num_batched_tokens=settings.max_num_batched_tokens,
-                        max_num_seqs=settings.max_num_seqs, queue_policy=settings.queue_policy,
-                        max_kv_blocks=num_kv_blocks(resolve_model(model).config, settings))
-    return ClusterConfig(name=deployment, model=model, dtype="float32", pools=pools, engine=knobs, transport="shm",
-                         calibration=str(calibration), session_ttl_s=TTL_S, controller=len(roles) > 1,
-                         worker_processes=len(roles) > 1)  # colocated: the LLMEngine in process
+    return ClusterConfig(name=deployment, model=model, dtype="float32", pools=pools, engine=engine_knobs(model),
+                         transport="shm", calibration=str(calibration), session_ttl_s=TTL_S,
+                         controller=len(roles) > 1, worker_processes=len(roles) > 1)  # colocated: LLMEngine in process
 
 
 def measure(deployment: str, sessions: list[SimSession], model: str) -> list[tuple[float, float]]:

@@ -18,8 +18,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from agents_eval.bench.capacity.swing import RunResult, SwingWorkload, note_window
-from agents_eval.sim.config import ClusterConfig, EngineKnobs, Pool
+from agents_eval.sim.config import ClusterConfig, Pool
 from agents_eval.sim.run import simulate
+from agents_eval.sim.validate import engine_knobs
 from agents_eval.sim.workload import SimSession, SimTurn
 from agents_eval.workloads.types import APPEND
 from engine.capacity.policy import CapacityPolicy, Decision
@@ -31,8 +32,7 @@ def swing_sessions(workload: SwingWorkload) -> list[SimSession]:
     """Each turn of the swing as a one-turn session of fresh tokens (the real run's prompts share nothing)."""
     sessions = []
     for index, (at, phase) in enumerate(workload.arrivals()):
-        prompt = workload.think_prompt if phase == "think" else workload.act_prompt
-        output = workload.think_output if phase == "think" else workload.act_output
+        prompt, output = workload.sizes(phase)
         sessions.append(SimSession(f"swing-{index:05d}", at, 0, APPEND, (SimTurn(0.0, prompt, output, phase),)))
     return sessions
 
@@ -41,19 +41,11 @@ def swing_cluster(model: str, split: tuple[int, int], capacity: CapacitySettings
                   ) -> ClusterConfig:
     """`split[0]` prefill and `split[1]` decode workers, one calibrated CPU core each, as worker processes over
     shared memory (the real benchmark's deployment), the controller on when `capacity.enabled`."""
-    from engine.config import EngineSettings
-    from engine.loader import resolve_model
-    from engine.requests import num_kv_blocks
-
-    settings = EngineSettings()
     pools = (Pool(device="cpu", nodes=split[0], gpus_per_node=1, tensor_parallel=1, role="prefill"),
              Pool(device="cpu", nodes=split[1], gpus_per_node=1, tensor_parallel=1, role="decode"))
-    knobs = EngineKnobs(block_size=settings.block_size, max_num_batched_tokens=settings.max_num_batched_tokens,
-                        max_num_seqs=settings.max_num_seqs, queue_policy=settings.queue_policy,
-                        max_kv_blocks=num_kv_blocks(resolve_model(model).config, settings))
     overrides = capacity.model_dump()
     return ClusterConfig(name=f"swing {split[0]}P/{split[1]}D", model=model, dtype="float32", pools=pools,
-                         engine=knobs, transport="shm", calibration=str(calibration), capacity=overrides,
+                         engine=engine_knobs(model), transport="shm", calibration=str(calibration), capacity=overrides,
                          controller=capacity.enabled, worker_processes=True)
 
 

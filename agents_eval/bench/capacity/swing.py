@@ -40,6 +40,10 @@ class SwingWorkload:
     act_output: int = 64
     seed: int = 0
 
+    def sizes(self, phase: str) -> tuple[int, int]:
+        """A turn's prompt and output tokens."""
+        return (self.think_prompt, self.think_output) if phase == "think" else (self.act_prompt, self.act_output)
+
     def window_phase(self, t: float) -> str:
         return "act" if int(t // self.period_s) % 2 == 0 else "think"
 
@@ -145,8 +149,7 @@ class _Submitter:
 
     def __call__(self, engine: DisaggregatedEngine, signals: _GatewaySignals, request_id: str, phase: str) -> None:
         workload = self.workload
-        prompt_len = workload.think_prompt if phase == "think" else workload.act_prompt
-        output = workload.think_output if phase == "think" else workload.act_output
+        prompt_len, output = workload.sizes(phase)
         features = TurnFeatures(prompt_len, tuple(self.recent), new_roles=("tool",))
         signals.monitor.observe_turn(request_id, classify_turn(features, self.config), prompt_len)
         self.recent = [*self.recent[1:], output]
