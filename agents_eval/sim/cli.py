@@ -36,6 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, help="real runs of each deployment and rate, in turn (--validate; default 2)")
     p.add_argument("--start-rate", type=float, default=1.0, help="first sessions/s of the rate search")
     p.add_argument("--search-steps", type=int, default=3, help="bisections of the rate search after doubling")
+    p.add_argument("--placement-cluster", default="seed-distserve",
+                   help="the cluster whose devices, routing and controller the placement search places (--placement;"
+                        " seed-agent: with the capacity controller moving workers through the swe workload's "
+                        "think/act swings)")
     p.add_argument("--tensor-parallel", type=int, nargs="+", default=[1, 2, 4, 8],
                    help="tensor-parallel degrees the placement search tries per phase (--placement)")
     p.add_argument("--hours", type=float, default=1.0, help="simulated hours of session arrivals (--scale)")

@@ -102,15 +102,17 @@ def _distserve_table(rows: list[dict[str, Any]], ratio: float | None) -> Table:
 
 
 def placement(args: argparse.Namespace) -> Report:
-    base = cluster_config("seed-distserve")
+    base = cluster_config(args.placement_cluster)
     configs = placements(base, args.placement, tuple(args.tensor_parallel))
     rows = placement_search(configs, _load(args), args.start_rate, args.search_steps)
     cells = [[r["placement"], str(r["gpus"]), f"{r['session_rate']:.3g}", f"{r['goodput_rps']:.2f}",
               f"{r['goodput_per_gpu']:.3f}"] for r in rows]
+    controller = ("; the capacity controller on, so a placement is the split each run starts from and the devices "
+                  "each role starts on, through the workload's think/act swings" if base.controller else "")
     notes = [f"DistServe's placement search for {base.model} on {args.placement} GPUs: every split of whole nodes "
              f"between prefill ({base.pools[0].device}) and decode ({base.pools[-1].device}), each phase at "
-             f"tensor parallel {', '.join(map(str, args.tensor_parallel))}, routed as {base.name} (every prompt "
-             "prefilled remotely, no prefix cache). Goodput: requests/s at the SLO (90% meet TTFT and TPOT)."]
+             f"tensor parallel {', '.join(map(str, args.tensor_parallel))}, routed and configured as {base.name}"
+             f"{controller}. Goodput: requests/s at the SLO (90% meet TTFT and TPOT)."]
     headers = ["placement", "GPUs", "sessions/s at SLO", "goodput req/s", "goodput per GPU"]
     return ({"placement": rows, "gpus": args.placement, "base": base.name, "load": asdict(_load(args)),
              "tensor_parallel": args.tensor_parallel, "notes": notes},
