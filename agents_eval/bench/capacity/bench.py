@@ -1,7 +1,8 @@
 """`agentserve bench capacity`: how fast the capacity controller follows a think/act swing, and what it buys.
 
-One swinging workload (see capacity_bench_swing) runs on the disaggregated engine with the controller on,
-then on every fixed split of the same workers. Reported: for each load shift, the seconds from its first
+One swinging workload (`swing.py`) runs on the disaggregated engine with the controller on, then on every fixed
+split of the same workers (with `--simulated CAL`, all of it in the cluster simulator, `simulated.py`, plus a
+split planned from the swing's schedule). Reported: for each load shift, the seconds from its first
 turns to (a) the phase-shift event, (b) the controller's move, (c) the moved worker confirming its new role
 (it serves in that role from then on: a role only steers routing); the controller's moves into each role per
 window; and p99 TTFT and TPOT with the controller against the best and the worst fixed split, TTFT counted
