@@ -19,7 +19,7 @@ class DecodeLine:
 
     alpha: float = 0.02
     min_batch_variance: float = 1.0
-    moments: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0, 0.0)  # weighted sums of 1, b, t, b*b, b*t
+    moments: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0, 0.0)  # exponentially weighted means of 1, b, t, b*b, b*t
 
     def observe(self, streams: int, seconds: float) -> None:
         new = (1.0, streams, seconds, streams * streams, streams * seconds)

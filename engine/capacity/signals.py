@@ -63,8 +63,8 @@ class LoadSnapshot:
     at their current batch); `decode_line` their mean fitted decode step time against its streams, (base_s,
     per_stream_s) (`engine.stats.DecodeLine`); `prefill_tokens_per_s` one worker's measured prefill rate. Each
     is None until measured; the policy then assumes the settings' rates. `think_share` is the phase monitor's
-    think share of the recent mix (0..1) and `shift` the direction of its latest shift event within this interval, if
-    any. The forecasts are the predictor's tokens expected within `forecast_horizon_s`. `admitted` is the
+    think share of the recent mix (0..1) and `shift` the direction of its latest shift event within this
+    interval, if any. The forecasts are the predictor's tokens expected within `forecast_horizon_s`. `admitted` is the
     gateway's admitted work (None when nothing reports it: the policy then reads the workers' queues).
     """
 
