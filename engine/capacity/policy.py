@@ -202,6 +202,9 @@ class CapacityPolicy:
             target = current + _margin_steps(need, current, len(snapshot.workers) - current, self.settings)
             source = "queues" if snapshot.admitted is None else "admitted"
             why = f"load ({source}): prefill {need.prefill:.2f} workers, decode {need.decode:.2f}"
+            if snapshot.decode_line is not None:
+                base, per_stream = snapshot.decode_line
+                why += f" (decode step {1000 * base:.1f} ms + {1000 * per_stream:.2f} ms a stream)"
         else:
             target, why = current, "no load"
         if snapshot.shift is not None:

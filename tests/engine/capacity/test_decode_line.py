@@ -94,3 +94,4 @@ def test_a_move_to_decode_is_not_reversed_when_the_step_falls() -> None:
     roles = "P" * first.prefill + "D" * (4 - first.prefill)
     after = policy.decide(_snapshot(roles, 45, line, 0.01 + 0.002 * 45 / roles.count("D")))
     assert after.prefill <= first.prefill and after.demand.decode == pytest.approx(2.25)
+    assert "(decode step 10.0 ms + 2.00 ms a stream)" in first.reason
