@@ -140,10 +140,9 @@ def _simulated(args: argparse.Namespace, workload: SwingWorkload,
     results = {name: simulate_swing(args.model, workload, split, capacity, args.simulated)
                for name, (split, capacity) in track(runs.items(), description="simulating")}
     n = args.workers
-    split, capacity = runs["controller"]
     plan = ((n - 1, 1), (1, n - 1))
     results[f"planned {n - 1}P/1D think, 1P/{n - 1}D act"] = simulate_swing(
-        args.model, workload, split, capacity.model_copy(update={"enabled": False}), args.simulated, plan)
+        args.model, workload, *runs["controller"], args.simulated, plan)
     return results
 
 
