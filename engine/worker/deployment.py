@@ -38,6 +38,9 @@ class DeploymentSettings(YamlSettings):
     decode: int = 1
     transport: str = "shm"  # inproc | shm | tcp | rdma
     threads_per_worker: int | None = 1  # None: torch's default (every core)
+    # added to each worker process's niceness: where the gateway shares cores with its workers, its event loop and
+    # the coordinator (short work on every request's path) run before the workers' model steps
+    worker_nice: int = Field(default=5, ge=0, le=19)
     kv_timeout_s: float = 5.0  # a decode worker recomputes a request whose KV is not in by then
     ready_timeout_s: float = 180.0
     clock_offset_warn_s: float = 0.001

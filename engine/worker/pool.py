@@ -40,7 +40,8 @@ class WorkerPool:
     def _spec(self, worker_id: int, role: str, peers: tuple[int, ...], node: str = "") -> WorkerSpec:
         d = self.deployment
         return WorkerSpec(worker_id, self.model, self.settings, d.transport, role, d.threads_per_worker,
-                          d.kv_timeout_s, d.kv_fault if role == m.PREFILL else None, peers=peers, node=node)
+                          d.kv_timeout_s, d.kv_fault if role == m.PREFILL else None, peers=peers, node=node,
+                          nice=d.worker_nice)
 
     def starting(self) -> list[WorkerHandle]:
         return [w for w in self.workers if w.starting]

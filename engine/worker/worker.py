@@ -44,10 +44,13 @@ class WorkerSpec:
     peers: tuple[int, ...] = ()  # the other workers: each gets a KV receiver of its own here
     kv_host: str | None = None  # where its KV receivers listen (tcp, rdma); None: the transport's setting
     node: str = "local"  # where it runs: "local", or its Ray node id
+    nice: int = 0  # added to the process's niceness before it loads the model (DeploymentSettings.worker_nice)
 
 
 def run_worker(spec: WorkerSpec, conn: Connection) -> None:
     """Process entry point."""
+    if spec.nice:
+        os.nice(spec.nice)
     if spec.num_threads:
         torch.set_num_threads(spec.num_threads)
     engine = LLMEngine(spec.model, spec.engine)

@@ -37,3 +37,9 @@ def test_the_colocated_deployment_is_one_worker_here() -> None:
     colocated = DeploymentSettings.colocated(threads=2)
     assert (colocated.prefill, colocated.decode, colocated.threads_per_worker, colocated.placement) == \
         (0, 1, 2, "local")
+
+
+@pytest.mark.parametrize("nice", [-1, 20])
+def test_worker_nice_is_refused_outside_what_an_unprivileged_process_may_add(nice: int) -> None:
+    with pytest.raises(ValidationError, match="worker_nice"):
+        DeploymentSettings(worker_nice=nice)

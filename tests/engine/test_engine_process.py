@@ -50,6 +50,14 @@ def test_one_worker_no_controller(process: DisaggregatedEngine) -> None:
     assert process.workers[0].process.pid != os.getpid()
 
 
+def test_the_engine_process_yields_the_cores_to_the_gateway(process: DisaggregatedEngine) -> None:
+    """Its niceness is the gateway's plus `worker_nice`: on shared cores the gateway's requests go first."""
+    pid = process.workers[0].process.pid
+    added = DeploymentSettings.colocated().worker_nice
+    assert added > 0
+    assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + added)
+
+
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy-logprobs", "sampled"])
 def test_same_tokens_text_and_logprobs_as_in_process(process: DisaggregatedEngine, params: SamplingParams) -> None:
     results, expected = process.generate(PROMPTS, params), in_process(PROMPTS, params)
