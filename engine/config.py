@@ -142,6 +142,7 @@ class EngineSettings(YamlSettings):
     dtype: str = "float32"
     device: str = "cpu"
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
+    step_trace_dir: str | None = None  # each step's time and batch, a JSON line each (engine/step_trace.py)
     # A GGUF model's quantized matrices: dequantized at load (exact), or kept quantized (CPU int4/int8 kernels)
     gguf_weights: Literal["dequantize", "quantized"] = "dequantize"
     # Queue order: fcfs (arrival order) or slo (VIP, TTFT deadline and session fairness; see engine/batcher.py)

@@ -27,6 +27,7 @@ from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import Sequence, SessionRef
 from engine.slo import SloConfig, load_slo_config
 from engine.stats import AgentSignals, EngineStats, StepTimer, WorkerReport, queue_stats
+from engine.step_trace import StepTrace
 
 if TYPE_CHECKING:
     from engine.worker.capacity_loop import CapacityLoop
@@ -98,6 +99,7 @@ class LLMEngine:
         self.prefilled: dict[str, Prefilled] = {}  # prefill-only requests whose KV awaits hand-off
         self._next_id = itertools.count()
         self.step_timer = StepTimer()
+        self.trace = StepTrace(settings.step_trace_dir) if settings.step_trace_dir else None
         self.capacity: CapacityLoop | None = None  # one worker does both jobs: no capacity controller
 
     def _identity(self, model: str) -> dict[str, object]:
@@ -162,6 +164,7 @@ class LLMEngine:
         layer_done = None if on_layer is None else functools.partial(on_layer, batch)
         result = self.runner.execute(batch, block_tables, layer_done)
         self.step_timer.observe(time.monotonic() - started, batch.prompt_tokens, len(batch.seqs))
+        traced = None if self.trace is None else StepTrace.items(batch)
         self.scheduler.update(batch, result.sampled)
         outputs = []
         for seq in batch.seqs:
@@ -175,6 +178,8 @@ class LLMEngine:
                 out = self.outputs.make_output(seq, logits, logprobs)
                 if out is not None:
                     outputs.append(out)
+        if self.trace is not None and traced is not None:
+            self.trace.record(started, time.monotonic() - started, traced)
         return outputs
 
     def _finish_unschedulable(self) -> list[RequestOutput]:
@@ -239,6 +244,8 @@ class LLMEngine:
     def shutdown(self, deadline_s: float = 10.0) -> None:
         """Nothing to stop (the engine lives in this process); the device's cached KV is written through to
         the persistent tier, so a restarted engine continues its sessions."""
+        if self.trace is not None:
+            self.trace.close()
         if self.tiers is not None:
             self.tiers.flush(self.kv)
             self.tiers.close()

@@ -9,6 +9,9 @@ scaling the prediction, was tried in runs 13-15 and removed: it did not track th
 
 from __future__ import annotations
 
+import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +23,10 @@ from agents_eval.sim.calibration import Calibration
 from agents_eval.sim.config import ClusterConfig, EngineKnobs, Pool
 from agents_eval.sim.real_runs import in_process, play, through_processes
 from agents_eval.sim.run import simulate
+from agents_eval.sim.step_agreement import agreement
 from agents_eval.sim.workload import SimSession, from_workload
 from agents_eval.workloads import swe
+from engine.step_trace import TracedStep, read_steps
 
 RATES = (0.1, 0.3)  # swe sessions per second
 # 120 s of arrivals, at most 300 requests: at 60 s and 150, the 0.1 sessions/s run held 77 requests of 6 sessions, and
@@ -55,25 +60,35 @@ def cpu_cluster(deployment: str, calibration: Path, model: str) -> ClusterConfig
                          controller=len(roles) > 1, worker_processes=len(roles) > 1)  # colocated: LLMEngine in process
 
 
-def measure(deployment: str, sessions: list[SimSession], model: str) -> list[tuple[float, float]]:
+@dataclass(frozen=True)
+class RealRun:
+    latencies: np.ndarray  # (TTFT, TPOT) per request
+    steps: dict[int, list[TracedStep]]  # per engine process, the steps it took for the measured sessions
+
+
+def measure(deployment: str, sessions: list[SimSession], model: str) -> RealRun:
     from engine.config import EngineSettings
 
-    if deployment == DEPLOYMENTS[0]:
-        from engine.llm_engine import LLMEngine
+    with tempfile.TemporaryDirectory(prefix="agentserve-steps-") as trace:
+        if deployment == DEPLOYMENTS[0]:
+            from engine.llm_engine import LLMEngine
 
-        engine: Any = LLMEngine(model, EngineSettings(num_threads=1))
-        step = in_process(engine)
-    else:
-        from engine.worker.coordinator import DisaggregatedEngine
-        from engine.worker.deployment import DeploymentSettings
+            engine: Any = LLMEngine(model, EngineSettings(num_threads=1, step_trace_dir=trace))
+            step = in_process(engine)
+        else:
+            from engine.worker.coordinator import DisaggregatedEngine
+            from engine.worker.deployment import DeploymentSettings
 
-        engine = DisaggregatedEngine(model, EngineSettings(), DeploymentSettings(prefill=1, decode=1, transport="shm"))
-        step = through_processes(engine)
-    try:
-        warm_up(engine)
-        return play(engine, sessions, engine.config.vocab_size, TTL_S, step)
-    finally:
-        engine.shutdown()
+            engine = DisaggregatedEngine(model, EngineSettings(step_trace_dir=trace),
+                                         DeploymentSettings(prefill=1, decode=1, transport="shm"))
+            step = through_processes(engine)
+        try:
+            warm_up(engine)
+            since = time.monotonic()
+            latencies = np.array(play(engine, sessions, engine.config.vocab_size, TTL_S, step))
+        finally:
+            engine.shutdown()
+        return RealRun(latencies, read_steps(trace, since))
 
 
 def warm_up(engine: Any) -> None:
@@ -104,20 +119,26 @@ def validate(calibration: Path, seed: int = 0, model: str = "small", repeats: in
         raise ValueError("--repeats must be at least 1")
     workloads = {rate: from_workload(swe.build(seed=seed, rate=rate, duration_s=DURATION_S,
                                                max_requests=MAX_REQUESTS)) for rate in RATES}
-    Calibration.load(calibration)  # a file that is not one fails before the real runs, not after them
+    fitted = Calibration.load(calibration)  # a file that is not one fails before the real runs, not after them
     measured = real_runs(workloads, model, repeats)
-    rows = []
+    rows, steps = [], []
     for (deployment, rate), runs in measured.items():
         rows += figure_rows(deployment, rate, predict(cpu_cluster(deployment, calibration, model), workloads[rate]),
-                            runs)
+                            [run.latencies for run in runs])
+        steps += step_rows(fitted, deployment, rate, runs)
     return {"validation": {"max_relative_error": max(row["relative_error"] for row in rows),
-                           "rows": rows, "calibration": str(calibration), "model": model, "rates": RATES,
-                           "duration_s": DURATION_S, "max_requests": MAX_REQUESTS, "repeats": repeats},
+                           "rows": rows, "steps": steps, "calibration": str(calibration), "model": model,
+                           "rates": RATES, "duration_s": DURATION_S, "max_requests": MAX_REQUESTS,
+                           "repeats": repeats},
             "notes": ["Measured on this machine's 2 CPU cores while other work ran on them: the real runs' "
                       "timings carry that load (see machine.load_average).",
                       f"Each real run was taken {repeats} times, in turn; a figure is measured on the requests of "
-                      "its runs pooled, and each run's own figure is in `runs`."],
-            "tables": [_table(rows)]}
+                      "its runs pooled, and each run's own figure is in `runs`.",
+                      "`steps`: each run's engine steps, as traced, against the calibration's time for the same "
+                      "batches (idle penalty and co-run factor included), per step kind. A ratio away from 1 is "
+                      "the host running the run at another speed than the profile, or the step model missing "
+                      "something: the run's figures carry it whatever the simulator schedules."],
+            "tables": [_table(rows), _steps_table(steps)]}
 
 
 Key = tuple[str, float]
@@ -129,15 +150,15 @@ def predict(cluster: ClusterConfig, sessions: list[SimSession]) -> np.ndarray:
     return np.array([(r.ttft_s, r.tpot_s) for r in simulated.log.requests])
 
 
-def real_runs(workloads: dict[float, list[SimSession]], model: str, repeats: int) -> dict[Key, list[np.ndarray]]:
-    """Every real run of `run_order`: its requests' (TTFT, TPOT) rows."""
-    measured: dict[Key, list[np.ndarray]] = {}
+def real_runs(workloads: dict[float, list[SimSession]], model: str, repeats: int) -> dict[Key, list[RealRun]]:
+    """Every real run of `run_order`: its requests' (TTFT, TPOT) rows and its engine steps."""
+    measured: dict[Key, list[RealRun]] = {}
     order = run_order(repeats)
     with Progress(transient=True) as progress:
         task = progress.add_task("real runs", total=len(order))
         for deployment, rate in order:
             progress.update(task, description=f"real run: {deployment}, {rate} sessions/s")
-            measured.setdefault((deployment, rate), []).append(np.array(measure(deployment, workloads[rate], model)))
+            measured.setdefault((deployment, rate), []).append(measure(deployment, workloads[rate], model))
             progress.advance(task)
     return measured
 
@@ -155,6 +176,14 @@ def figure_rows(deployment: str, rate: float, predicted: np.ndarray, runs: list[
     return rows
 
 
+def step_rows(calibration: Calibration, deployment: str, rate: float, runs: list[RealRun]) -> list[dict[str, Any]]:
+    """Per run and step kind, its traced steps against the calibration (`step_agreement.agreement`)."""
+    worker_process = deployment != DEPLOYMENTS[0]
+    return [{"deployment": deployment, "rate": rate, "run": index, "kind": name, **figures}
+            for index, run in enumerate(runs, 1)
+            for name, figures in agreement(calibration, run.steps, worker_process).items()]
+
+
 def _error(predicted: float, measured: float) -> float:
     return abs(predicted - measured) / measured if measured else float("inf")
 
@@ -165,3 +194,11 @@ def _table(rows: list[dict[str, Any]]) -> Table:
               f"{100 * r['relative_error']:.1f}%"] for r in rows]
     return Table("Predicted against measured (ms)", ["deployment", "sessions/s", "figure", "predicted", "measured",
                                                     "each run", "error"], cells)
+
+
+def _steps_table(rows: list[dict[str, Any]]) -> Table:
+    cells = [[r["deployment"], f"{r['rate']}", f"{r['run']}", r["kind"], f"{r['steps']}",
+              f"{r['measured_s']:.2f}", f"{r['predicted_s']:.2f}", f"{r['ratio']:.3f}"] for r in rows]
+    return Table("The runs' engine steps against the calibration (seconds, summed)",
+                 ["deployment", "sessions/s", "run", "step kind", "steps", "measured", "predicted",
+                  "measured / predicted"], cells)
