@@ -5,6 +5,7 @@ TTFT counted from each turn's planned arrival."""
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from pathlib import Path
 
@@ -143,3 +144,24 @@ def test_a_waiting_engine_never_waits_past_the_next_turns_arrival() -> None:
     assert before_b, "no wait fell before b's arrival"
     assert all(at + wait <= b_due + 0.0002 for at, wait in before_b)
     assert all(wait <= POLL_S for _, wait in engine.waits)
+
+
+def test_a_real_run_keeps_its_traced_steps_and_sets_them_against_the_calibration() -> None:
+    """The run's steps (the warm-up's left out) come back with its latencies, and `step_rows` gives each step kind
+    of each run measured against the calibration."""
+    from agents_eval.sim.calibration import FEATURES, Calibration
+    from agents_eval.sim.validate import measure, step_rows
+
+    turns = (SimTurn(0.0, 24, 3, "think"), SimTurn(0.05, 8, 3, "act"))
+    run = measure(DEPLOYMENTS[0], [SimSession("s", 0.0, 0, "append", turns)], "tiny")
+    assert len(run.latencies) == 2
+    [(pid, steps)] = run.steps.items()
+    assert pid == os.getpid()
+    assert sum(samples for step in steps for _, _, samples in step.batch) == 6  # no warm-up step among them
+    flat = {name: 0.001 if name == "step" else 0.0 for name in FEATURES}
+    rows = step_rows(Calibration("tiny", "float32", {"decode": flat, "prefill": flat}), DEPLOYMENTS[0], 0.1, [run])
+    assert {(row["run"], row["kind"]) for row in rows} == {(1, "decode"), (1, "prefill")}
+    assert sum(row["steps"] for row in rows) == len(steps)
+    for row in rows:
+        assert row["predicted_s"] == pytest.approx(0.001 * row["steps"])
+        assert row["ratio"] == pytest.approx(row["measured_s"] / row["predicted_s"])
