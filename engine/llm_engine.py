@@ -164,7 +164,7 @@ class LLMEngine:
         layer_done = None if on_layer is None else functools.partial(on_layer, batch)
         result = self.runner.execute(batch, block_tables, layer_done)
         self.step_timer.observe(time.monotonic() - started, batch.prompt_tokens, len(batch.seqs))
-        traced = None if self.trace is None else StepTrace.items(batch)
+        traced = None if self.trace is None else batch.composition()  # before update() counts it computed
         self.scheduler.update(batch, result.sampled)
         outputs = []
         for seq in batch.seqs:

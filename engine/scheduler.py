@@ -42,6 +42,11 @@ class ScheduledBatch:
         return sum(n for seq, n in zip(self.seqs, self.num_new_tokens, strict=True)
                    if seq.num_computed_tokens < seq.num_prompt_tokens)
 
+    def composition(self) -> list[tuple[int, int, bool]]:
+        """Per sequence: new tokens, tokens already in KV, whether it samples a token (before update())."""
+        return [(new, seq.num_computed_tokens, self.samples(i)) for i, (seq, new)
+                in enumerate(zip(self.seqs, self.num_new_tokens, strict=True))]
+
     def samples(self, index: int) -> bool:
         """Whether this step computes the sequence's last known token, so a new token is sampled."""
         seq = self.seqs[index]

@@ -13,10 +13,6 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from engine.scheduler import ScheduledBatch
 
 Items = list[tuple[int, int, bool]]  # per sequence: new tokens, tokens already in KV, samples a token
 
@@ -35,12 +31,6 @@ class StepTrace:
         path.mkdir(parents=True, exist_ok=True)
         self._file = (path / f"steps-{os.getpid()}.jsonl").open("a", encoding="utf-8")
         self._last_end: float | None = None
-
-    @staticmethod
-    def items(batch: ScheduledBatch) -> Items:
-        """The batch as the trace keeps it: read before the scheduler counts the step's tokens as computed."""
-        return [(new, seq.num_computed_tokens, batch.samples(i))
-                for i, (seq, new) in enumerate(zip(batch.seqs, batch.num_new_tokens, strict=True))]
 
     def record(self, start: float, seconds: float, items: Items) -> None:
         idle = None if self._last_end is None else max(0.0, start - self._last_end)

@@ -267,8 +267,7 @@ def _drain(engine: LLMEngine, until: Callable[[], bool] | None = None) -> list[S
 
     def recording(now: float = 0.0) -> ScheduledBatch:
         batch = schedule(now)
-        seen.append(StepWork.of((n, s.num_computed_tokens, batch.samples(i))
-                                for i, (s, n) in enumerate(zip(batch.seqs, batch.num_new_tokens, strict=True))))
+        seen.append(StepWork.of(batch.composition()))
         return batch
 
     engine.scheduler.schedule = recording  # type: ignore[method-assign]

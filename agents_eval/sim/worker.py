@@ -122,9 +122,9 @@ class SimWorker:
                 self._wake = self.env.event()
                 yield self._wake
                 continue
-            samples = [batch.samples(i) for i in range(len(batch.seqs))]
-            work = StepWork.of(zip(batch.num_new_tokens, (s.num_computed_tokens for s in batch.seqs), samples,
-                                   strict=True))
+            composition = batch.composition()
+            samples = [hit for _, _, hit in composition]
+            work = StepWork.of(composition)
             seconds = self.timer.step_time(work) + self._after_idle_s()
             if self.host.stepping:
                 seconds *= self.timer.co_run_factor(work)
