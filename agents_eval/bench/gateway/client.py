@@ -54,7 +54,9 @@ class Client:
     @property
     def http(self) -> aiohttp.ClientSession:
         if self._http is None:  # inside the running loop, as aiohttp wants
-            connector = aiohttp.TCPConnector(limit=0, force_close=False)
+            # Idle connections are dropped before uvicorn's own 5 s keep-alive closes them: reusing one the
+            # server is closing at that moment gets a reset.
+            connector = aiohttp.TCPConnector(limit=0, force_close=False, keepalive_timeout=4.0)
             self._http = aiohttp.ClientSession(self.url, connector=connector,
                                                timeout=aiohttp.ClientTimeout(total=120.0))
         return self._http
