@@ -29,7 +29,7 @@ wake from its wait. A cluster of worker processes (`ClusterConfig.worker_process
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +64,12 @@ class Calibration:
     def save(self, path: Path) -> None:
         data = {**asdict(self), "samples": [{**asdict(s.work), "seconds": s.seconds} for s in self.samples]}
         path.write_text(json.dumps(data, indent=1))
+
+    def scaled(self, factors: dict[str, float]) -> Calibration:
+        """The same calibration with each step kind's time (its coefficients) times its factor (1 if absent)."""
+        coefficients = {name: {feature: value * factors.get(name, 1.0) for feature, value in per.items()}
+                        for name, per in self.coefficients.items()}
+        return replace(self, coefficients=coefficients)
 
     @classmethod
     def load(cls, path: Path) -> Calibration:

@@ -127,3 +127,15 @@ def test_each_decode_batch_size_profiled_often_gets_the_median_factor_off_the_li
     assert factor[3] == pytest.approx((two + four) / 2) and factor[16] == pytest.approx(four)
     prefill = StepWork.of([(64, 100, True), (1, 100, True)])
     assert timer.step_time(prefill) == line.step_time(prefill)
+
+
+def test_scaled_multiplies_each_kinds_step_time_and_keeps_the_rest() -> None:
+    flat = {name: 0.0 for name in FEATURES} | {"step": 0.01, "seq": 0.002}
+    calibration = Calibration("tiny", "float32", {"decode": flat, "prefill": flat}, idle_penalty=((1.0, 0.005),),
+                              co_run_slowdown={"decode": 1.3})
+    scaled = calibration.scaled({"decode": 2.0})
+    decode, prefill = StepWork.of([(1, 40, True), (1, 9, True)]), StepWork.of([(24, 0, True)])
+    before, after = CalibratedTimer(calibration), CalibratedTimer(scaled)
+    assert after.step_time(decode) == pytest.approx(2 * before.step_time(decode))
+    assert after.step_time(prefill) == pytest.approx(before.step_time(prefill))
+    assert after.after_idle_s(2.0) == before.after_idle_s(2.0) and after.co_run_factor(decode) == 1.3

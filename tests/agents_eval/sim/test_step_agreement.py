@@ -7,7 +7,7 @@ import pytest
 
 from agents_eval.sim.calibration import FEATURES, CalibratedTimer, Calibration
 from agents_eval.sim.cost import StepWork
-from agents_eval.sim.step_agreement import agreement
+from agents_eval.sim.step_agreement import agreement, run_speed
 from engine.step_trace import TracedStep
 
 COEFFICIENTS = {"decode": {name: 0.0 for name in FEATURES} | {"step": 0.010},
@@ -48,3 +48,20 @@ def test_a_step_begun_while_another_process_is_mid_step_is_predicted_with_the_co
     assert result["decode"]["predicted_s"] == pytest.approx(2.5 * decode_s)
     assert result["decode"]["ratio"] == pytest.approx(1.0)
     assert result["prefill"]["predicted_s"] == pytest.approx(_predicted(PREFILL))  # nothing ran when it began
+
+
+def test_run_speed_is_the_factor_on_the_step_time_that_makes_the_calibration_agree() -> None:
+    """Steps that took twice and three times the calibrated step time, one after a gap (its idle penalty is not
+    scaled) and one beside another process (its co-run factor kept): pooled over both runs, the factor makes the
+    scaled calibration's prediction sum to what was measured."""
+    decode_s, prefill_s = _predicted(DECODE), _predicted(PREFILL)
+    first = {1: [TracedStep(0.0, 2 * decode_s + 0.005, 1.0, DECODE), TracedStep(1.0, 2 * prefill_s, 0.0, PREFILL)]}
+    second = {1: [TracedStep(10.0, 1.0, None, PREFILL)],
+              2: [TracedStep(10.5, 3 * 1.5 * decode_s, None, DECODE)]}
+    speed = run_speed(CALIBRATION, [first, second], worker_process=False)
+    assert speed["decode"] == pytest.approx((2 + 3 * 1.5) / (1 + 1.5))
+    assert speed["prefill"] == pytest.approx((2 * prefill_s + 1.0) / (2 * prefill_s))
+    scaled = [agreement(CALIBRATION.scaled(speed), run, worker_process=False) for run in (first, second)]
+    for name in ("decode", "prefill"):
+        measured = sum(kinds[name]["measured_s"] for kinds in scaled)
+        assert sum(kinds[name]["predicted_s"] for kinds in scaled) == pytest.approx(measured), name

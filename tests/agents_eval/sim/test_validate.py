@@ -165,3 +165,28 @@ def test_a_real_run_keeps_its_traced_steps_and_sets_them_against_the_calibration
     for row in rows:
         assert row["predicted_s"] == pytest.approx(0.001 * row["steps"])
         assert row["ratio"] == pytest.approx(row["measured_s"] / row["predicted_s"])
+
+
+def test_the_figures_are_predicted_again_at_the_runs_own_step_speed() -> None:
+    """`at_run_speed` scales the calibration by the factors `run_speed` measures on the runs' traced steps, predicts
+    every figure again and sets it against the same measured figure."""
+    from agents_eval.sim.calibration import FEATURES, Calibration
+    from agents_eval.sim.step_agreement import run_speed
+    from agents_eval.sim.validate import at_run_speed, measure
+
+    sessions = [SimSession("s", 0.0, 0, "append", (SimTurn(0.0, 24, 3, "think"), SimTurn(0.05, 8, 3, "act")))]
+    run = measure(DEPLOYMENTS[0], sessions, "tiny")
+    flat = {name: 0.0001 if name == "step" else 0.0 for name in FEATURES}
+    calibration = Calibration("tiny", "float32", {"decode": flat, "prefill": flat})
+    key = (DEPLOYMENTS[0], 0.1)
+    result = at_run_speed(calibration, {0.1: sessions}, {key: [run]}, "tiny")
+    [factors] = result["factors"]
+    assert {k: v for k, v in factors.items() if k in ("decode", "prefill")} == run_speed(calibration, [run.steps],
+                                                                                         False)
+    assert factors["decode"] > 1 and factors["prefill"] > 1  # the tiny model's steps take over 0.1 ms
+    rows = result["rows"]
+    assert [row["measured"] for row in rows] == [row["measured"] for row in figure_rows(*key, np.zeros((2, 2)),
+                                                                                        [run.latencies])]
+    ttft = next(row for row in rows if row["figure"] == "ttft_p50_s")
+    assert ttft["predicted"] >= factors["prefill"] * 0.0001 * 0.999  # each turn's prompt step, at the scaled time
+    assert result["max_relative_error"] == max(row["relative_error"] for row in rows)
