@@ -5,7 +5,11 @@ and one decode worker process), TTFT and TPOT p50 and p90, predicted beside meas
 Each real run is taken `repeats` times, the four runs in turn (every run once, then every run again), and a
 figure is measured on the requests of all its repeats pooled: this host's speed moves by 10-15% from one minute
 to the next, so one run of each put a slow minute on one figure whole. (A host-speed probe timed around each run,
-scaling the prediction, was tried in runs 13-15 and removed: it did not track the runs, docs/simulator.md.)"""
+scaling the prediction, was tried in runs 13-15 and removed: it did not track the runs, docs/simulator.md.)
+
+The report also predicts every figure again at the speed the runs' own traced steps ran at (`at_run_speed`), a
+diagnosis that splits the error into the host's drift since the profile and the simulator's own; the validation's
+figure, `max_relative_error`, is the prediction from the profile alone."""
 
 from __future__ import annotations
 
