@@ -110,11 +110,13 @@ class _WaitingEngine:
     def __init__(self) -> None:
         self.due: dict[str, float] = {}
         self.waits: list[tuple[float, float]] = []
+        self.added: list[float] = []  # when each request came in
         self.ids = itertools.count()
 
     def add_request(self, prompt: list[int], params: object, session: object = None) -> str:
         request_id = f"r{next(self.ids)}"
-        self.due[request_id] = time.monotonic() + 0.03
+        self.added.append(time.monotonic())
+        self.due[request_id] = self.added[-1] + 0.03
         return request_id
 
     def has_unfinished(self) -> bool:
@@ -137,9 +139,8 @@ def test_a_waiting_engine_never_waits_past_the_next_turns_arrival() -> None:
     engine = _WaitingEngine()
     sessions = [SimSession(name, start, 0, "append", (SimTurn(0.0, 4, 1, "think"),))
                 for name, start in (("a", 0.0), ("b", 0.0137))]
-    started = time.monotonic()
     play(engine, sessions, vocab=100, ttl_s=1.0, step=through_processes(engine))
-    b_due = started + 0.0137
+    b_due = engine.added[0] + 0.0137  # a is added at the driver's start or after: b is due by then at the latest
     before_b = [(at, wait) for at, wait in engine.waits if at < b_due]
     assert before_b, "no wait fell before b's arrival"
     assert all(at + wait <= b_due + 0.0002 for at, wait in before_b)
