@@ -163,7 +163,7 @@ class LLMEngine:
         block_tables = [self.kv.block_ids(s.request_id) for s in batch.seqs]
         layer_done = None if on_layer is None else functools.partial(on_layer, batch)
         result = self.runner.execute(batch, block_tables, layer_done)
-        self.step_timer.observe(time.monotonic() - started, batch.prompt_tokens, len(batch.seqs))
+        self.step_timer.observe(time.monotonic() - started, batch.prompt_tokens, batch.decode_streams)
         traced = None if self.trace is None else batch.composition()  # before update() counts it computed
         self.scheduler.update(batch, result.sampled)
         outputs = []
@@ -236,6 +236,7 @@ class LLMEngine:
                        prefix_cache_queries=self.kv.stats.queries, prefix_cache_hits=self.kv.stats.hits,
                        decode_step_s=self.step_timer.decode_step_s,
                        prefill_tokens_per_s=self.step_timer.prefill_tokens_per_s,
+                       prefill_stall_tokens_per_s=self.step_timer.prefill_stall_tokens_per_s,
                        decode_line=self.step_timer.decode_line.line(), workers={"colocated": 1})
 
     def wakeup(self) -> None:

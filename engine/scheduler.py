@@ -42,6 +42,11 @@ class ScheduledBatch:
         return sum(n for seq, n in zip(self.seqs, self.num_new_tokens, strict=True)
                    if seq.num_computed_tokens < seq.num_prompt_tokens)
 
+    @property
+    def decode_streams(self) -> int:
+        """Sequences the batch decodes a token for, past their prompt (before update())."""
+        return sum(1 for seq in self.seqs if seq.num_computed_tokens >= seq.num_prompt_tokens)
+
     def composition(self) -> list[tuple[int, int, bool]]:
         """Per sequence: new tokens, tokens already in KV, whether it samples a token (before update())."""
         return [(new, seq.num_computed_tokens, self.samples(i)) for i, (seq, new)

@@ -39,23 +39,59 @@ class DecodeLine:
 
 
 @dataclass
+class StallFit:
+    """Seconds that prompt tokens add to a step beyond what its decode streams take (the decode line at the
+    step's streams): least squares through the origin over the steps that mix both, each weighted (1 - alpha)
+    less than the next. A chunk of c tokens beside b streams holds those streams about c x `s_per_token()`
+    longer; the step's whole time over c (the prefill throughput) counts the streams' own share as prefill."""
+
+    alpha: float = 0.1
+    moments: tuple[float, float] = (0.0, 0.0)  # exponentially weighted means of c*c and c*extra_s
+
+    def observe(self, tokens: int, extra_s: float) -> None:
+        cc, ce = self.moments
+        self.moments = (cc + self.alpha * (tokens * tokens - cc), ce + self.alpha * (tokens * extra_s - ce))
+
+    def tokens_per_s(self) -> float:
+        """0 until a mixed step was seen (or while the fit says prompt tokens cost nothing)."""
+        cc, ce = self.moments
+        return cc / ce if cc > 0 and ce > 0 else 0.0
+
+
+@dataclass
 class StepTimer:
     """Exponential moving averages of how long steps take: decode-only steps (seconds per output token
-    of one stream) and prefill throughput (prompt tokens computed per second); and the decode step's line
-    against its batch size."""
+    of one stream) and prefill throughput (prompt tokens computed per second); the decode step's line
+    against its batch size; and what prompt tokens add to a step that also decodes (`StallFit`)."""
 
     alpha: float = 0.2
     decode_step_s: float = 0.0
     prefill_tokens_per_s: float = 0.0
     decode_line: DecodeLine = field(default_factory=DecodeLine)
+    stall: StallFit = field(default_factory=StallFit)
 
-    def observe(self, seconds: float, prefill_tokens: int, streams: int = 1) -> None:
-        if prefill_tokens:
-            rate = prefill_tokens / max(seconds, 1e-9)
-            self.prefill_tokens_per_s = ema(self.prefill_tokens_per_s, rate, self.alpha)
-        else:
+    def observe(self, seconds: float, prefill_tokens: int, decode_streams: int = 1) -> None:
+        """One step: its seconds, the prompt tokens it computed, and the streams it decoded a token for."""
+        if not prefill_tokens:
             self.decode_step_s = ema(self.decode_step_s, seconds, self.alpha)
-            self.decode_line.observe(streams, seconds)
+            self.decode_line.observe(decode_streams, seconds)
+            return
+        rate = prefill_tokens / max(seconds, 1e-9)
+        self.prefill_tokens_per_s = ema(self.prefill_tokens_per_s, rate, self.alpha)
+        decode_s = self.decode_s(decode_streams)
+        if decode_streams and decode_s is not None:
+            self.stall.observe(prefill_tokens, seconds - decode_s)
+
+    def decode_s(self, streams: int) -> float | None:
+        """A decode-only step's time at this many streams: the line, or the average step until it is fitted."""
+        line = self.decode_line.line()
+        if line is not None:
+            return line[0] + line[1] * streams
+        return self.decode_step_s or None
+
+    @property
+    def prefill_stall_tokens_per_s(self) -> float:
+        return self.stall.tokens_per_s()
 
 
 @dataclass(frozen=True)
@@ -93,6 +129,7 @@ class EngineStats:
     capacity_target: dict[str, int] = field(default_factory=dict)  # role -> workers the last decision wanted
     last_move_at: float | None = None  # unix seconds of the controller's latest move
     kv_transfers: dict[str, int] = field(default_factory=dict)  # outcome -> cumulative KV transfers received
+    prefill_stall_tokens_per_s: float = 0.0  # StallFit; 0 until a step mixed prefill with decoding
 
     @classmethod
     def total(cls, parts: list[EngineStats], workers: dict[str, int]) -> EngineStats:
@@ -111,7 +148,8 @@ class EngineStats:
                    sum(p.kv_blocks_free for p in parts), sum(p.prefix_cache_queries for p in parts),
                    sum(p.prefix_cache_hits for p in parts), mean([p.decode_step_s for p in parts]),
                    mean([p.prefill_tokens_per_s for p in parts]), mean_line([p.decode_line for p in parts]),
-                   workers, kv_transfers=transfers)
+                   workers, kv_transfers=transfers,
+                   prefill_stall_tokens_per_s=mean([p.prefill_stall_tokens_per_s for p in parts]))
 
 
 def mean_line(lines: list[tuple[float, float] | None]) -> tuple[float, float] | None:

@@ -105,7 +105,8 @@ class SimWorker:
         waiting += sum(s.num_uncomputed_tokens for s in sched.running if s.num_uncomputed_tokens > 1)
         streams = sum(1 for s in sched.running if s.num_uncomputed_tokens <= 1)
         return WorkerLoad(self.worker_id, self.role, len(sched.running) + len(sched.waiting) + self.incoming,
-                          waiting, streams, self.last_switch_at, self.prefill_tokens_per_s)
+                          waiting, streams, self.last_switch_at, self.prefill_tokens_per_s,
+                          self.rates.prefill_stall_tokens_per_s or None)
 
     def notify(self) -> None:
         self._load = None
@@ -148,7 +149,7 @@ class SimWorker:
     def _account(self, batch: ScheduledBatch, seconds: float) -> None:
         self.busy_s += seconds
         self.log.steps += 1
-        self.rates.observe(seconds, batch.prompt_tokens, len(batch.seqs))
+        self.rates.observe(seconds, batch.prompt_tokens, batch.decode_streams)
 
     def _token(self, seq: SimSequence) -> None:
         record, now = self.records[seq.request_id], self.env.now

@@ -91,15 +91,16 @@ def prefill_locally(uncached_tokens: int, prompt_tokens: int, settings: Capacity
 
 def stalls_decoding(worker: WorkerLoad, uncached_tokens: int, settings: CapacitySettings) -> bool:
     """Prefilling the delta on this worker would hold its decoding streams past the stall bound."""
-    bound, rate = settings.local_prefill_max_stall_s, worker.prefill_tokens_per_s
+    bound, rate = settings.local_prefill_max_stall_s, worker.stall_tokens_per_s
     return bool(bound and worker.decode_streams and rate and uncached_tokens / rate > bound)
 
 
 def sparing_pays(turn: Turn, decoder: WorkerLoad, prefiller: WorkerLoad, uncached_tokens: int) -> bool:
     """Prefilling on `prefiller` delays this turn by what that worker lacks of the prompt, at its rate (the
-    decode worker's where it has none yet), for no longer than prefilling locally would delay the decode worker's
-    streams: the delta's prefill time, once per stream (only called when the delta stalls them)."""
-    rate = decoder.prefill_tokens_per_s
+    decode worker's stall rate where it has none yet), for no longer than prefilling locally would delay the decode
+    worker's streams: what the delta adds to their steps, once per stream (only called when the delta stalls
+    them)."""
+    rate = decoder.stall_tokens_per_s
     assert rate, "a stall is only measured at a known prefill rate"
     remote_s = turn.uncached_on(prefiller.worker_id) / (prefiller.prefill_tokens_per_s or rate)
     return remote_s <= decoder.decode_streams * uncached_tokens / rate

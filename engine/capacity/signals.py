@@ -24,6 +24,13 @@ class WorkerLoad:
     decode_streams: int = 0  # requests past their prefill, decoding on it
     last_switch_at: float | None = None  # when its role last changed; None: never
     prefill_tokens_per_s: float | None = None  # its measured prefill rate; None until it prefilled
+    prefill_stall_tokens_per_s: float | None = None  # what prompt tokens add to its decoding steps (StallFit)
+
+    @property
+    def stall_tokens_per_s(self) -> float | None:
+        """The rate at which prompt tokens prefilled here hold its streams: the stall fit, the prefill rate
+        until it has one."""
+        return self.prefill_stall_tokens_per_s or self.prefill_tokens_per_s
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

@@ -24,7 +24,8 @@ class Placer:
         if not alive:
             raise RuntimeError("every engine worker has died")
         loads = [WorkerLoad(w.worker_id, w.role, requests.get(w.worker_id, 0), w.stats.prefill_tokens_waiting,
-                            w.stats.decode_streams, prefill_tokens_per_s=w.stats.prefill_tokens_per_s or None)
+                            w.stats.decode_streams, prefill_tokens_per_s=w.stats.prefill_tokens_per_s or None,
+                            prefill_stall_tokens_per_s=w.stats.prefill_stall_tokens_per_s or None)
                  for w in alive]
         cached = self.homes.cached_tokens(session.key if session else None, prompt)
         return place(Turn(len(prompt), session.key if session else None, cached), loads, self.settings,

@@ -85,6 +85,7 @@ def test_decodes_come_first_and_waiting_admitted_in_order() -> None:
     scheduler.update(batch, {"r1": 1})
     batch = scheduler.schedule()
     assert [s.request_id for s in batch.seqs] == ["r1", "r2"]
+    assert (batch.decode_streams, batch.prompt_tokens) == (1, 4)  # r1 decodes beside r2's prompt
 
 
 def test_prefix_cache_hit_is_recorded_once() -> None:

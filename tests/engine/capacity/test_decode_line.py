@@ -55,6 +55,26 @@ def test_the_step_timer_fits_decode_steps_only_and_engine_stats_average_the_line
     assert mean_line([None, None]) is None
 
 
+def test_the_step_timer_fits_what_prompt_tokens_add_to_a_decoding_step() -> None:
+    """Steps of 10 ms + 2 ms a stream, plus 0.5 ms a prompt token when they also prefill: the stall rate is
+    2,000 tokens/s whatever the chunk, while the throughput (prompt tokens over the whole step) counts the streams'
+    share as prefill and reads lower, the lower the smaller the chunks. A prefill-only step holds no stream and
+    is left out of the stall fit."""
+    timer, rng = StepTimer(), random.Random(1)
+    assert timer.prefill_stall_tokens_per_s == 0.0
+    for _ in range(300):
+        streams, chunk = rng.randint(1, 8), rng.choice([16, 64, 256])
+        timer.observe(0.010 + 0.002 * streams, 0, streams)
+        timer.observe(0.010 + 0.002 * streams + 0.0005 * chunk + rng.gauss(0, 0.0005), chunk, streams)
+    assert timer.prefill_stall_tokens_per_s == pytest.approx(2000.0, rel=0.05)
+    assert timer.prefill_tokens_per_s < 1500.0
+    timer.observe(100.0, 1000, 0)  # prefill only, however slow
+    assert timer.prefill_stall_tokens_per_s == pytest.approx(2000.0, rel=0.05)
+    total = EngineStats.total([EngineStats(prefill_stall_tokens_per_s=1000.0), EngineStats(),
+                               EngineStats(prefill_stall_tokens_per_s=3000.0)], {})
+    assert total.prefill_stall_tokens_per_s == 2000.0
+
+
 def test_streams_need_workers_by_the_line_and_each_keeps_at_most_one_busy() -> None:
     # 10 ms + 2 ms a stream: at a 50 ms target one worker decodes 20 streams.
     assert decode_workers(20, (0.01, 0.002), 0.05) == pytest.approx(1.0)

@@ -107,6 +107,16 @@ def test_a_small_delta_goes_remote_when_prefilling_it_would_stall_the_decoding_s
     assert place(SHARED_TURN, [prefiller(0, 1), holder(1, 400.0)], unbounded, BLOCK).local
 
 
+def test_the_stall_is_judged_by_what_prompt_tokens_add_to_the_decoding_steps() -> None:
+    """The decode worker's steps average 400 prompt tokens/s, but most of each step is its streams' own: the
+    prompt tokens add a second per 2,000. 64 tokens then hold the streams 32 ms, inside the 50 ms bound."""
+    mixed = WorkerLoad(1, DECODE, running=1, decode_streams=1, prefill_tokens_per_s=400.0,
+                       prefill_stall_tokens_per_s=2000.0)
+    assert mixed.stall_tokens_per_s == 2000.0 and holder(1, 400.0).stall_tokens_per_s == 400.0
+    assert place(SHARED_TURN, [prefiller(0, 1), mixed], SETTINGS, BLOCK).local
+    assert not place(SHARED_TURN, [prefiller(0, 1), holder(1, 400.0)], SETTINGS, BLOCK).local
+
+
 @pytest.mark.parametrize("streams, remote", [(1, False), (15, False), (17, True)])
 def test_a_stalling_delta_stays_local_when_the_prefill_worker_would_recompute_the_history(streams: int,
                                                                                            remote: bool) -> None:
