@@ -42,7 +42,7 @@ class DecodeLine:
 class StallFit:
     """Seconds that prompt tokens add to a step beyond what its decode streams take (the decode line at the
     step's streams): least squares through the origin over the steps that mix both, each weighted (1 - alpha)
-    less than the next. A chunk of c tokens beside b streams holds those streams about c x `s_per_token()`
+    less than the next. A chunk of c tokens beside b streams holds those streams about c / `tokens_per_s()`
     longer; the step's whole time over c (the prefill throughput) counts the streams' own share as prefill."""
 
     alpha: float = 0.1
