@@ -26,7 +26,8 @@ from engine.worker.kv_assembly import KVAssembler
 from engine.worker.kv_stream import LayerStreamer, TransferStats
 
 log = logging.getLogger(__name__)
-IDLE_POLL_S = 0.002
+IDLE_POLL_S = 0.002  # idle, with KV receivers: blocks may arrive with no command to wake it
+IDLE_WAIT_S = 0.05  # idle, without: every input is a command on its pipe, which ends the wait at once
 LOST_COORDINATOR = (EOFError, BrokenPipeError, ConnectionResetError)  # its pipe (or connection) ended
 
 
@@ -82,6 +83,11 @@ class Worker:
         self.last_report = 0.0
         self.unreported = False  # it stepped since its last Load report
 
+    @property
+    def idle_wait_s(self) -> float:
+        """How long an idle turn waits for a command before it looks at its receivers and pins again."""
+        return IDLE_POLL_S if self.receivers or self.releasing else IDLE_WAIT_S
+
     def listen(self) -> str:
         """A new KV receiver, for one sending peer (a ring has one sender); its address."""
         address, receiver = self.transport.listen()
@@ -98,7 +104,7 @@ class Worker:
 
     def _turn(self) -> None:
         busy = self.engine.has_unfinished()
-        self._commands(wait_s=0.0 if busy else IDLE_POLL_S)
+        self._commands(wait_s=0.0 if busy else self.idle_wait_s)
         if not busy and self.engine.expire_pins():
             self.unreported = True  # the released blocks show in its next Load
         self._receive_kv()
