@@ -147,7 +147,9 @@ def place(turn: Turn, workers: Sequence[WorkerLoad], settings: CapacitySettings,
         return Placement(choice.worker_id, None, True, f"local: {delta}; prefill worker {prefiller.worker_id} "
                          f"would compute {turn.uncached_on(prefiller.worker_id)}, longer than the stall it spares")
     if small:
-        delta += f", too slow to prefill beside worker {choice.worker_id}'s {decoder.decode_streams} streams"
+        hold_ms = 1000 * choice.uncached_tokens / (decoder.stall_tokens_per_s or 1.0)
+        delta += (f", too slow to prefill beside worker {choice.worker_id}'s {decoder.decode_streams} streams "
+                  f"(holds them {hold_ms:.0f} ms)")
     if conditional(settings) and idle(decoder) and all(idle(w) for w in prefillers):
         return Placement(choice.worker_id, None, True, f"local: nothing running; {delta}")
     if conditional(settings) and prefill_queue_full(decoder, prefiller, settings):

@@ -115,6 +115,7 @@ def test_admin_capacity_shows_and_pins_the_split(disaggregated: tuple[subprocess
     report = httpx.get(f"{url}/admin/capacity", headers=ADMIN_HEADERS).json()
     assert report["split"] == {"prefill": 1, "decode": 1} and report["pinned"] is None
     assert sorted(w["role"] for w in report["workers"]) == ["decode", "prefill"]
+    assert all(w["prefill_tokens_per_s"] >= 0 and w["prefill_stall_tokens_per_s"] >= 0 for w in report["workers"])
     pinned = httpx.post(f"{url}/admin/capacity", json={"prefill": 0, "decode": 2}, headers=ADMIN_HEADERS).json()
     assert pinned["split"] == {"prefill": 0, "decode": 2} and pinned["pinned"] == {"prefill": 0, "decode": 2}
     assert [e["role"] for e in pinned["events"] if e["kind"] == "move"] == ["decode"]

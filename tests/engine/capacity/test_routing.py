@@ -100,7 +100,7 @@ def test_a_small_delta_goes_remote_when_prefilling_it_would_stall_the_decoding_s
     the 50 ms bound, while it has a stream decoding. Idle, or fast enough, it stays local; 0 lifts the bound."""
     slow = place(SHARED_TURN, [prefiller(0, 1), holder(1, 400.0)], SETTINGS, BLOCK)
     assert (slow.decode_worker, slow.prefill_worker, slow.local) == (1, 0, False)
-    assert "too slow to prefill beside worker 1's 1 streams" in slow.reason
+    assert "too slow to prefill beside worker 1's 1 streams (holds them 160 ms)" in slow.reason
     for streams, rate in ((0, 400.0), (1, 2000.0), (1, None)):
         assert place(SHARED_TURN, [prefiller(0, 1), holder(streams, rate)], SETTINGS, BLOCK).local
     unbounded = CapacitySettings(local_prefill_max_stall_s=0)
