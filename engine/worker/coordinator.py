@@ -116,7 +116,8 @@ class DisaggregatedEngine(WorkerQueries):
             tracked.worker_ids = {decode.worker_id}
             return
         prefill = self.workers[placement.prefill_worker]
-        if not self._send(prefill, replace(submit, decode_address=decode.kv_addresses[prefill.worker_id])):
+        if not self._send(decode, m.ExpectKV(tracked.attempt_id)) or \
+                not self._send(prefill, replace(submit, decode_address=decode.kv_addresses[prefill.worker_id])):
             self._dispatch(tracked)
             return
         tracked.worker_ids = {prefill.worker_id}

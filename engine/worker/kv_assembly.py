@@ -69,6 +69,11 @@ class KVAssembler:
         start = time.monotonic() if now is None else now
         self._pending[handoff.request_id] = _Pending(handoff, hashes, start + self.timeout_s)
 
+    @property
+    def waiting(self) -> bool:
+        """A hand-off is waiting for its frames."""
+        return bool(self._pending)
+
     def add(self, frame: KVBlock, now: float | None = None, release: Release = _nothing) -> None:
         """Keep a frame until its request is assembled; `release` is called when it is no longer read."""
         self._frames[(frame.block_hash, frame.layer)].append((frame, time.monotonic() if now is None else now,

@@ -28,6 +28,13 @@ class Submit:
 
 
 @dataclass
+class ExpectKV:
+    """A prefill worker is about to stream this request's KV here: poll the receivers until its hand-off."""
+
+    request_id: str
+
+
+@dataclass
 class AcceptHandoff:
     handoff: Handoff
 
@@ -83,7 +90,7 @@ class Listen:
     peer_id: int
 
 
-Command = (Submit | AcceptHandoff | Abort | SetRole | SetSessionTTL | Ping | Shutdown | InjectKVFault
+Command = (Submit | ExpectKV | AcceptHandoff | Abort | SetRole | SetSessionTTL | Ping | Shutdown | InjectKVFault
            | CountersQuery | Listen | ResetPrefixCache)
 
 

@@ -26,8 +26,9 @@ from engine.worker.kv_assembly import KVAssembler
 from engine.worker.kv_stream import LayerStreamer, TransferStats
 
 log = logging.getLogger(__name__)
-IDLE_POLL_S = 0.002  # idle, with KV receivers: blocks may arrive with no command to wake it
-IDLE_WAIT_S = 0.05  # idle, without: every input is a command on its pipe, which ends the wait at once
+IDLE_POLL_S = 0.002  # idle while KV is on its way here or being read from here: frames wake no pipe
+IDLE_WAIT_S = 0.05  # idle otherwise: every input is a command on its pipe, which ends the wait at once
+EXPECT_KV_S = 60.0  # an ExpectKV whose hand-off never came (its prefill worker died) stops the poll after this
 LOST_COORDINATOR = (EOFError, BrokenPipeError, ConnectionResetError)  # its pipe (or connection) ended
 
 
@@ -80,13 +81,19 @@ class Worker:
         self.stopping = False
         self.handoff_sessions: dict[str, SessionRef] = {}  # prefill-only request -> session its decoder pins
         self.releasing: dict[str, TransferStats] = {}  # sent requests whose blocks a receiver may still read
+        self.expected: dict[str, float] = {}  # request -> monotonic deadline: its KV is streaming here
         self.last_report = 0.0
         self.unreported = False  # it stepped since its last Load report
 
     @property
     def idle_wait_s(self) -> float:
-        """How long an idle turn waits for a command before it looks at its receivers and pins again."""
-        return IDLE_POLL_S if self.receivers or self.releasing else IDLE_WAIT_S
+        """How long an idle turn waits for a command before it looks at its receivers and pins again: KV frames
+        arrive with no command, so it polls while a transfer to it was announced (`ExpectKV`, then the hand-off's
+        assembly) or a receiver may still read its own sent blocks."""
+        now = time.monotonic()
+        self.expected = {request_id: due for request_id, due in self.expected.items() if due > now}
+        transferring = self.expected or self.assembler.waiting or self.releasing
+        return IDLE_POLL_S if transferring else IDLE_WAIT_S
 
     def listen(self) -> str:
         """A new KV receiver, for one sending peer (a ring has one sender); its address."""
@@ -134,9 +141,13 @@ class Worker:
             self.unreported = True  # its load changes: the coordinator hears of it even without a step
         if isinstance(command, m.Submit):
             self._submit(command)
+        elif isinstance(command, m.ExpectKV):
+            self.expected[command.request_id] = time.monotonic() + EXPECT_KV_S
         elif isinstance(command, m.AcceptHandoff):
+            self.expected.pop(command.handoff.request_id, None)
             self.assembler.expect(command.handoff)
         elif isinstance(command, m.Abort):
+            self.expected.pop(command.request_id, None)
             self._abort(command.request_id)
         elif isinstance(command, m.SetRole):
             self.role = command.role

@@ -19,6 +19,7 @@ from engine.sampling import SamplingParams
 from engine.sequence import SessionRef
 from engine.worker.coordinator import DisaggregatedEngine, colocated_engine
 from engine.worker.deployment import DeploymentSettings
+from tests.conftest import cpu_ticks
 
 pytestmark = pytest.mark.slow
 
@@ -63,18 +64,11 @@ def test_an_idle_engine_process_sleeps_on_its_pipe(process: DisaggregatedEngine)
     """With no KV receivers every input is a command on its pipe, so an idle turn waits 50 ms for one instead of
     polling every 2 ms (about 35 ms of CPU a second on this host). It still answers at once."""
     pid = process.workers[0].process.pid
-    before = _cpu_ticks(pid)
+    before = cpu_ticks(pid)
     time.sleep(2.0)
-    assert _cpu_ticks(pid) - before <= 3, "more than 30 ms of CPU in 2 s idle"
+    assert cpu_ticks(pid) - before <= 3, "more than 30 ms of CPU in 2 s idle"
     assert [c.token_ids for c in process.generate(PROMPTS[:1], GREEDY)] == \
         [c.token_ids for c in in_process(PROMPTS[:1], GREEDY)]
-
-
-def _cpu_ticks(pid: int) -> int:
-    """User and system time of a process, in clock ticks (proc(5): fields 14 and 15)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
 
 
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy-logprobs", "sampled"])
