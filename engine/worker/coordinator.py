@@ -150,8 +150,10 @@ class DisaggregatedEngine(WorkerQueries):
         if tracked in self.parked:
             self.parked.remove(tracked)
         if tracked is not None:
+            announced = {w.pending_decode[tracked.attempt_id] for w in self.workers
+                         if tracked.attempt_id in w.pending_decode}  # its decode worker expects the KV (ExpectKV)
             for worker in self.workers:
-                if worker.worker_id in tracked.worker_ids and worker.alive:
+                if worker.worker_id in tracked.worker_ids | announced and worker.alive:
                     self._send(worker, m.Abort(tracked.attempt_id))
 
     def has_unfinished(self) -> bool:

@@ -65,15 +65,33 @@ def test_idle_workers_sleep_on_their_pipes(disaggregated: DisaggregatedEngine) -
     (`ExpectKV`) or its own sent blocks may still be read; idle after a transfer, each waits on its pipe (it polled
     every 2 ms before: about 45 ms of CPU a second on this host), and the next transfer is as whole."""
     assert [r.token_ids for r in disaggregated.generate(PROMPTS[:1], GREEDY)] == colocated(GREEDY)[:1]
-    pids = [w.process.pid for w in disaggregated.workers]
     time.sleep(0.2)  # the receiver has read the sent blocks; every worker has reported idle
-    before = [cpu_ticks(pid) for pid in pids]
-    time.sleep(2.0)
-    used = [cpu_ticks(pid) - ticks for pid, ticks in zip(pids, before, strict=True)]
+    used = _idle_ticks(disaggregated)
     assert max(used) <= 3, f"clock ticks of CPU in 2 s idle, per worker: {used}"
     received = sum(c.received for c in disaggregated.kv_counters().values())
     assert [r.token_ids for r in disaggregated.generate(PROMPTS[1:3], GREEDY)] == colocated(GREEDY)[1:3]
     assert sum(c.received for c in disaggregated.kv_counters().values()) == received + 2
+
+
+def test_an_abort_during_the_prefill_ends_the_decode_workers_wait_for_the_kv(
+        disaggregated: DisaggregatedEngine) -> None:
+    """The decode worker was told the KV is coming (`ExpectKV`); an abort before the hand-off tells it too, so it
+    goes back to waiting on its pipe instead of polling its receivers until the announcement lapses (60 s)."""
+    request_id = disaggregated.add_request([1, *range(40, 540)], GREEDY)
+    disaggregated.abort(request_id)
+    while disaggregated.has_unfinished():
+        disaggregated.step()
+    time.sleep(0.2)
+    assert max(_idle_ticks(disaggregated)) <= 3
+    assert [r.token_ids for r in disaggregated.generate(PROMPTS[:1], GREEDY)] == colocated(GREEDY)[:1]
+
+
+def _idle_ticks(engine: DisaggregatedEngine, seconds: float = 2.0) -> list[int]:
+    """Clock ticks of CPU each worker process used over `seconds`."""
+    pids = [w.process.pid for w in engine.workers]
+    before = [cpu_ticks(pid) for pid in pids]
+    time.sleep(seconds)
+    return [cpu_ticks(pid) - ticks for pid, ticks in zip(pids, before, strict=True)]
 
 
 def test_text_streams_whole_across_the_handoff(disaggregated: DisaggregatedEngine) -> None:
