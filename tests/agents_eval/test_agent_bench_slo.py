@@ -13,14 +13,16 @@ from typing import Any
 
 import pytest
 import yaml
+from rich.progress import Progress
 
+from agents_eval.bench.agent import slo as slo_module
 from agents_eval.bench.agent.bench import AgentBenchSettings, assemble
 from agents_eval.bench.agent.cost import CostSettings, Resources, cost_figures, engine_resources
 from agents_eval.bench.agent.driver import RunLimits
 from agents_eval.bench.agent.metrics import COUNTERS, RequestRecord, Slo, slo_attainment
 from agents_eval.bench.agent.report import config_ratios, goal_check, write
 from agents_eval.bench.agent.run import Point, PointResult
-from agents_eval.bench.agent.search import SearchOptions, SearchResult, search_slo_rate
+from agents_eval.bench.agent.search import SearchOptions, SearchResult, search_in_turn, search_slo_rate
 from agents_eval.bench.agent.settings import SearchSettings
 from agents_eval.bench.agent.slo import probe_limits
 from agents_eval.bench.agent.workload import WorkloadOptions
@@ -53,6 +55,30 @@ def test_search_finds_the_knee_within_precision_and_budget() -> None:
     # 0.2 .. 3.2 meet, 6.4 misses (6 probes), then 4 bisections take the bracket from 2x to 2^(1/16) = 1.044x
     assert len(result.probes) == len(runner.rates) == 10
     assert [p.rate for p in result.probes[:6]] == pytest.approx([0.2, 0.4, 0.8, 1.6, 3.2, 6.4])
+
+
+def test_searches_in_turn_probe_what_each_would_alone_one_probe_of_each_a_round() -> None:
+    """On a host whose speed drifts, the configuration searched last would meet its probes on another host: in
+    turn, each round probes every search not yet done once, and each search still probes its own rates."""
+    order: list[str] = []
+    knees = {"baseline": 1.3, "disaggregated": 3.7, "agent": 9.0}
+    runners = {name: Knee(knee) for name, knee in knees.items()}
+
+    def logged(name: str) -> Callable[[float], tuple[float, float]]:
+        def measure(rate: float) -> tuple[float, float]:
+            order.append(name)
+            return runners[name](rate)
+        return measure
+
+    options = SearchOptions(precision=0.1, max_probes=9)
+    results = search_in_turn({name: logged(name) for name in knees}, 0.2, options)
+    for name, knee in knees.items():
+        alone = Knee(knee)
+        expected = search_slo_rate(alone, 0.2, options)
+        assert [p.rate for p in results[name].probes] == runners[name].rates == alone.rates
+        assert results[name].rate == expected.rate and results[name].high is not None
+    assert order[:21] == ["baseline", "disaggregated", "agent"] * 7  # one probe of each per round...
+    assert len(runners["baseline"].rates) == 7 and order[21:] == ["disaggregated", "agent"] * 2  # ...until done
 
 
 def test_search_stops_at_the_probe_budget_with_the_bracket_it_has() -> None:
@@ -248,3 +274,26 @@ def test_search_through_a_real_gateway_from_the_cli(tmp_path: Path) -> None:
     assert baseline["slo_rate_sessions_per_s"] == 2.0 and baseline["slo_search"]["capped"]
     assert baseline["slo_rate_rps"] == baseline["throughput_rps"] > 0 and baseline["requests_sent"] > 0
     assert "Throughput at SLO" in (tmp_path / "report.md").read_text()
+
+
+def test_the_bench_takes_its_configurations_probes_in_turn(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`run_search` probes the configurations in turn, each finding the SLO rate its search finds alone."""
+    order: list[str] = []
+
+    def stub_prober(config: str, *args: object) -> Callable[[float], tuple[float, Point | None]]:
+        def measure(rate: float) -> tuple[float, Point | None]:
+            order.append(config)
+            point = stub_point(config, rate, f"probe{rate:g}")
+            return slo_attainment(point.result.records, SLO), point
+        return measure
+
+    monkeypatch.setattr(slo_module, "prober", stub_prober)
+    settings = AgentBenchSettings(WorkloadOptions("swe"), configs=tuple(KNEES), slo=SLO,
+                                  search=SearchSettings(options=SearchOptions(max_probes=8)))
+    with Progress(disable=True) as progress:
+        points, searches = slo_module.run_search(settings, slo_module.probe_workloads(settings), 0.2, tmp_path,
+                                                 progress)
+    assert order[:9] == list(KNEES) * 3
+    for config in KNEES:
+        assert searches[config].rate == stub_search(config)[1].rate > 0
+        assert [p.tag for p in points if p.config == config and p.headline] == [f"probe{searches[config].rate:g}"]

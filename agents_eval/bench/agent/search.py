@@ -9,16 +9,18 @@ A pure function over `measure(rate) -> (attainment, figures)`, each call one ful
 
 never more than `max_probes` probes in all. The rate found is the bracket's low end: the highest rate probed
 that met the target, below the lowest that missed. An attainment that is NaN (nothing was sent) is a miss.
+`search_in_turn` runs several such searches (one per configuration), one probe of each per round.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+K = TypeVar("K")
 SLO_TARGET = 0.9
 
 
@@ -78,40 +80,54 @@ class SearchResult(Generic[T]):
 def search_slo_rate(measure: Callable[[float], tuple[float, T]], start: float,
                     options: SearchOptions = SearchOptions()) -> SearchResult[T]:
     """The highest rate meeting `options.target` within `options.precision`, in `options.max_probes` probes."""
+    return search_in_turn({None: measure}, start, options)[None]
+
+
+def search_in_turn(measures: Mapping[K, Callable[[float], tuple[float, T]]], start: float,
+                   options: SearchOptions = SearchOptions()) -> dict[K, SearchResult[T]]:
+    """One search per key, their probes taken in turn: a round probes every search not yet done once, in the
+    keys' order. Each search probes the rates it would alone; on a host whose speed drifts, the drift lands on
+    every key alike instead of on whichever searched last."""
     if not start > 0:
         raise ValueError(f"the search's start rate must be positive, got {start}")
-    result: SearchResult[T] = SearchResult(options.target)
-    _bracket(measure, min(max(start, options.min_rate), options.max_rate), options, result)
-    _bisect(measure, options, result)
-    return result
+    first = min(max(start, options.min_rate), options.max_rate)
+    results: dict[K, SearchResult[T]] = {key: SearchResult(options.target) for key in measures}
+    while True:
+        due: list[tuple[K, float]] = []
+        for key in measures:
+            rate = next_rate(results[key], first, options)
+            if rate is not None:
+                due.append((key, rate))
+        if not due:
+            return results
+        for key, rate in due:
+            attainment, figures = measures[key](rate)
+            record(results[key], Probe(rate, attainment, figures))
 
 
-def _probe(measure: Callable[[float], tuple[float, T]], rate: float, result: SearchResult[T]) -> bool:
-    attainment, figures = measure(rate)
-    probe = Probe(rate, attainment, figures)
+def next_rate(result: SearchResult[T], first: float, options: SearchOptions) -> float | None:
+    """The rate the search probes next, or None when it is done: bracket from `first` (multiply by `growth`
+    while probes meet the target, divide while they miss, within the rate bounds), then bisect the bracket at its
+    geometric mean until it is within `precision`; never more than `max_probes` probes."""
+    if len(result.probes) >= options.max_probes:
+        return None
+    if not result.probes:
+        return first
+    if result.low is not None and result.high is not None:
+        if result.converged(options.precision):
+            return None
+        return math.sqrt(result.low.rate * result.high.rate)
+    last = result.probes[-1]
+    met = last.met(result.target)
+    edge = options.max_rate if met else options.min_rate
+    if last.rate == edge:
+        return None
+    return min(last.rate * options.growth, edge) if met else max(last.rate / options.growth, edge)
+
+
+def record(result: SearchResult[T], probe: Probe[T]) -> None:
     result.probes.append(probe)
-    met = probe.met(result.target)
-    if met:
+    if probe.met(result.target):
         result.low = probe
     else:
         result.high = probe
-    return met
-
-
-def _bracket(measure: Callable[[float], tuple[float, T]], rate: float, options: SearchOptions,
-             result: SearchResult[T]) -> None:
-    while len(result.probes) < options.max_probes:
-        met = _probe(measure, rate, result)
-        if result.low is not None and result.high is not None:
-            return
-        edge = options.max_rate if met else options.min_rate
-        if rate == edge:
-            return
-        rate = min(rate * options.growth, edge) if met else max(rate / options.growth, edge)
-
-
-def _bisect(measure: Callable[[float], tuple[float, T]], options: SearchOptions, result: SearchResult[T]) -> None:
-    while len(result.probes) < options.max_probes and result.low is not None and result.high is not None:
-        if result.converged(options.precision):
-            return
-        _probe(measure, math.sqrt(result.low.rate * result.high.rate), result)

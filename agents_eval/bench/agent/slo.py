@@ -1,9 +1,10 @@
 """`agentserve bench --workload W` without `--rate`: each configuration's SLO rate, DistServe's throughput.
 
-For each configuration, `search_slo_rate` (agent_bench_search) probes session arrival rates from the
-workload's own (`--search-start`), each probe a full run of `--probe-duration` seconds on a fresh gateway
-(the workload built at that rate with the same seed), until it has the highest rate at which at least 90% of
-the requests meet the SLO within `--precision`, in `--max-probes` probes at most. A probe's drain is cut to
+For each configuration, a search (`search.py`) probes session arrival rates from the workload's own
+(`--search-start`), each probe a full run of `--probe-duration` seconds on a fresh gateway (the workload built
+at that rate with the same seed), until it has the highest rate at which at least 90% of the requests meet the
+SLO within `--precision`, in `--max-probes` probes at most. The configurations' searches take their probes in
+turn (`search_in_turn`), so a host whose speed drifts during the run slows them alike. A probe's drain is cut to
 the longest a request could take and still meet the SLO: a request still running then has missed it.
 """
 
@@ -19,7 +20,7 @@ from rich.progress import Progress
 from agents_eval.bench.agent.driver import RunLimits
 from agents_eval.bench.agent.metrics import Slo, slo_attainment
 from agents_eval.bench.agent.run import Point, RunOptions, measure_point
-from agents_eval.bench.agent.search import SearchOptions, SearchResult, search_slo_rate
+from agents_eval.bench.agent.search import SearchOptions, SearchResult, search_in_turn
 from agents_eval.bench.agent.settings import AgentBenchSettings, SearchSettings
 from agents_eval.bench.agent.workload import WorkloadOptions, build_workload, default_rate, session_rate
 from agents_eval.workloads.types import Workload
@@ -91,18 +92,17 @@ def headline(search: SearchResult[Point | None]) -> Point:
     return min(measured, key=lambda point: point.offered_rate)
 
 
-def search_config(config: str, measure: Callable[[float], tuple[float, Point | None]], start: float,
-                  options: SearchOptions, progress: Progress) -> SearchResult[Point | None]:
+def tracked(config: str, measure: Callable[[float], tuple[float, Point | None]], options: SearchOptions,
+            progress: Progress) -> Callable[[float], tuple[float, Point | None]]:
+    """`measure` with a progress bar of the configuration's search."""
     task = progress.add_task(f"SLO-rate search: {config}", total=options.max_probes, note="")
 
-    def tracked(rate: float) -> tuple[float, Point | None]:
+    def measure_tracked(rate: float) -> tuple[float, Point | None]:
         attainment, point = measure(rate)
         progress.update(task, advance=1, note=f"{rate:.3g} sessions/s: {attainment:.0%} within SLO")
         return attainment, point
 
-    search = search_slo_rate(tracked, start, options)
-    progress.update(task, total=len(search.probes), note=f"SLO rate {search.rate:.3g} sessions/s")
-    return search
+    return measure_tracked
 
 
 def probe_workloads(settings: AgentBenchSettings) -> Workloads:
@@ -118,12 +118,12 @@ def run_search(settings: AgentBenchSettings, workloads: Workloads, start: float,
     search_settings = settings.search or SearchSettings()
     floor = MIN_SESSIONS_PER_PROBE / search_settings.probe_duration_s
     options = replace(search_settings.options, min_rate=min(floor, start, search_settings.options.max_rate))
+    measures = {config: tracked(config, prober(config, workloads, settings.run, settings.slo, search_settings,
+                                               out_dir, progress), options, progress)
+                for config in settings.configs}
+    searches = search_in_turn(measures, start, options)
     points: list[Point] = []
-    searches = {}
-    for config in settings.configs:
-        measure = prober(config, workloads, settings.run, settings.slo, search_settings, out_dir, progress)
-        search = search_config(config, measure, start, options, progress)
+    for search in searches.values():
         best = headline(search)
         points += [replace(p.figures, headline=p.figures is best) for p in search.probes if p.figures is not None]
-        searches[config] = search
     return points, searches
