@@ -95,12 +95,12 @@ def wait_for(condition: Callable[[], bool], timeout_s: float = 30.0) -> bool:
     return True
 
 
-
 def cpu_ticks(pid: int) -> int:
     """User and system time of a process, in clock ticks (proc(5): fields 14 and 15)."""
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     return int(fields[11]) + int(fields[12])
+
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:

@@ -15,12 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rich.progress import Progress
+from rich.progress import Progress, TaskID
 
 from agents_eval.bench.agent.driver import RunLimits
 from agents_eval.bench.agent.metrics import Slo, slo_attainment
 from agents_eval.bench.agent.run import Point, RunOptions, measure_point
-from agents_eval.bench.agent.search import SearchOptions, SearchResult, search_in_turn
+from agents_eval.bench.agent.search import SearchResult, search_in_turn
 from agents_eval.bench.agent.settings import AgentBenchSettings, SearchSettings
 from agents_eval.bench.agent.workload import WorkloadOptions, build_workload, default_rate, session_rate
 from agents_eval.workloads.types import Workload
@@ -92,10 +92,9 @@ def headline(search: SearchResult[Point | None]) -> Point:
     return min(measured, key=lambda point: point.offered_rate)
 
 
-def tracked(config: str, measure: Callable[[float], tuple[float, Point | None]], options: SearchOptions,
+def tracked(measure: Callable[[float], tuple[float, Point | None]], task: TaskID,
             progress: Progress) -> Callable[[float], tuple[float, Point | None]]:
-    """`measure` with a progress bar of the configuration's search."""
-    task = progress.add_task(f"SLO-rate search: {config}", total=options.max_probes, note="")
+    """`measure` advancing the progress bar of the configuration's search."""
 
     def measure_tracked(rate: float) -> tuple[float, Point | None]:
         attainment, point = measure(rate)
@@ -118,12 +117,15 @@ def run_search(settings: AgentBenchSettings, workloads: Workloads, start: float,
     search_settings = settings.search or SearchSettings()
     floor = MIN_SESSIONS_PER_PROBE / search_settings.probe_duration_s
     options = replace(search_settings.options, min_rate=min(floor, start, search_settings.options.max_rate))
-    measures = {config: tracked(config, prober(config, workloads, settings.run, settings.slo, search_settings,
-                                               out_dir, progress), options, progress)
-                for config in settings.configs}
+    tasks = {config: progress.add_task(f"SLO-rate search: {config}", total=options.max_probes, note="")
+             for config in settings.configs}
+    measures = {config: tracked(prober(config, workloads, settings.run, settings.slo, search_settings, out_dir,
+                                       progress), task, progress)
+                for config, task in tasks.items()}
     searches = search_in_turn(measures, start, options)
     points: list[Point] = []
-    for search in searches.values():
+    for config, search in searches.items():
+        progress.update(tasks[config], total=len(search.probes), note=f"SLO rate {search.rate:.3g} sessions/s")
         best = headline(search)
         points += [replace(p.figures, headline=p.figures is best) for p in search.probes if p.figures is not None]
     return points, searches
