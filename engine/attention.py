@@ -41,8 +41,12 @@ class QuerySpan:
         return int(slots[0])
 
     def to(self, device: torch.device) -> QuerySpan:
+        """The span on `device`, its `first_slot` worked out here first, so a GPU step does not wait on the
+        device for it."""
         mask = None if self.attn_mask is None else self.attn_mask.to(device)
-        return QuerySpan(self.query_start, self.query_len, self.context_slots.to(device), mask)
+        moved = QuerySpan(self.query_start, self.query_len, self.context_slots.to(device), mask)
+        moved.__dict__["first_slot"] = self.first_slot  # cached_property's own slot
+        return moved
 
 
 @dataclass

@@ -74,20 +74,23 @@ class ModelRunner:
         tokens = self.sampler.sample(logits, [s.request_id for s in seqs], [s.params for s in seqs])
         return StepResult(
             sampled={s.request_id: t for s, t in zip(seqs, tokens, strict=True)},
-            logits={s.request_id: logits[row].clone() for row, s in enumerate(seqs) if s.params.return_logits},
+            logits={s.request_id: logits[row].to("cpu", copy=True)
+                    for row, s in enumerate(seqs) if s.params.return_logits},
             logprobs={s.request_id: token_logprob(logits[row], token, s.params.logprobs)
                       for row, (s, token) in enumerate(zip(seqs, tokens, strict=True))
                       if s.params.logprobs is not None},
         )
 
     def read_kv(self, layer: int, block_ids: list[int], num_tokens: int) -> torch.Tensor:
-        """One layer's K and V of a request's first num_tokens tokens: [2, num_tokens, kv_heads, head_dim]."""
-        return self.kv_caches[layer].index_select(1, self._slots(block_ids, 0, num_tokens).to(self.device))
+        """One layer's K and V of a request's first num_tokens tokens: [2, num_tokens, kv_heads, head_dim], in
+        host memory (a copy off a GPU), since every reader sends it to another worker or a storage tier."""
+        return self.kv_caches[layer].index_select(1, self._slots(block_ids, 0, num_tokens).to(self.device)).cpu()
 
     def write_kv(self, layer: int, block_ids: list[int], start: int, kv: torch.Tensor) -> None:
-        """Store [2, tokens, kv_heads, head_dim] received from another worker at positions start.."""
+        """Store [2, tokens, kv_heads, head_dim] received from another worker (host memory) at positions start.."""
+        cache = self.kv_caches[layer]
         slots = self._slots(block_ids, start, start + kv.shape[1]).to(self.device)
-        self.kv_caches[layer].index_copy_(1, slots, kv.to(self.kv_caches[layer].dtype))
+        cache.index_copy_(1, slots, kv.to(device=cache.device, dtype=cache.dtype))
 
     def _slots(self, block_ids: list[int], start: int, end: int) -> torch.Tensor:
         positions = torch.arange(start, end)

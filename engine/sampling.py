@@ -84,11 +84,13 @@ class Sampler:
         self._generators[request_id].set_state(state)
 
     def sample(self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]) -> list[int]:
-        """logits: [N, vocab] float32, row i for request_ids[i]."""
+        """logits: [N, vocab] float32, row i for request_ids[i]. Greedy rows take their argmax where the logits
+        are; a sampled row is drawn on the host with its request's CPU generator, so its state moves between
+        workers and a seeded request draws the same on any device."""
         tokens = logits.argmax(dim=-1).tolist()
         for row, (request_id, p) in enumerate(zip(request_ids, params, strict=True)):
             if not p.greedy:
-                probs = _probabilities(logits[row], p)
+                probs = _probabilities(logits[row].cpu(), p)
                 tokens[row] = int(torch.multinomial(probs, 1, generator=self._generators[request_id]))
         return tokens
 

@@ -133,11 +133,13 @@ def test_cost_is_cores_times_hours_whatever_the_worker_count() -> None:
     assert one == two and one["cost_usd"] == pytest.approx(2 * 0.5 * 0.5)
 
 
-def test_gpus_are_one_per_engine_process_off_the_cpu() -> None:
+def test_local_workers_share_the_one_gpu_they_name_and_ray_workers_hold_their_own() -> None:
     env = {"AGENTSERVE_ENGINE_DEVICE": "cuda", "AGENTSERVE_ENGINE_NUM_THREADS": "1"}
     assert engine_resources(env, {"colocated": 1}) == Resources(1, 1)
-    assert engine_resources(env | {"AGENTSERVE_DEPLOYMENT_THREADS_PER_WORKER": "1"},
-                            {"prefill": 1, "decode": 2}) == Resources(3, 3)
+    local = env | {"AGENTSERVE_DEPLOYMENT_THREADS_PER_WORKER": "1"}
+    assert engine_resources(local, {"prefill": 1, "decode": 2}) == Resources(3, 1)
+    on_ray = local | {"AGENTSERVE_DEPLOYMENT_PLACEMENT": "ray", "AGENTSERVE_DEPLOYMENT_TRANSPORT": "tcp"}
+    assert engine_resources(on_ray, {"prefill": 1, "decode": 2}) == Resources(3, 3)
     prices = CostSettings(price_per_core_hour=0.5, price_per_gpu_hour=3.0)
     assert cost_figures(Resources(3, 3), prices, 3600.0, 1000, 0, 0)["cost_usd"] == pytest.approx(3 * 0.5 + 3 * 3.0)
 

@@ -3,7 +3,8 @@ window, at the prices of `configs/cost.yaml` (`AGENTSERVE_COST_*` overrides), sp
 
 Cores are the engine's torch threads: a colocated engine's `num_threads`, or the disaggregated workers'
 count x `threads_per_worker`, so a colocated engine with 2 threads and two 1-thread workers cost the same.
-GPUs are one per engine process when the engine runs on a device other than the CPU. Cached prompt tokens
+Off the CPU, local worker processes share the one device the engine names (`AGENTSERVE_ENGINE_DEVICE`), so they
+hold one GPU however many there are; Ray-placed workers, each on a node of its own role, one each. Cached prompt tokens
 are not served work: the cost is quoted per 1,000 generated tokens, per 1,000 computed (uncached) prompt
 tokens, and per 1,000 of both.
 """
@@ -47,13 +48,14 @@ def engine_resources(env: Mapping[str, str], split: Mapping[str, int]) -> Resour
     """The cores and GPUs of a gateway's engine, from the environment it was started with (over the config
     files and this process's environment) and its prefill/decode split (`{"colocated": 1}` when colocated)."""
     engine = EngineSettings(**_overrides(env, "AGENTSERVE_ENGINE_", {"num_threads", "device"}))
+    gpus = 0 if engine.device == "cpu" else 1
     if not split or set(split) == {COLOCATED}:
-        processes, cores = 1, engine.num_threads or os.cpu_count() or 1
-    else:
-        keys = {"threads_per_worker"}
-        processes = sum(split.values())
-        cores = processes * DeploymentSettings(**_overrides(env, "AGENTSERVE_DEPLOYMENT_", keys)).worker_threads
-    return Resources(cores, 0 if engine.device == "cpu" else processes)
+        return Resources(engine.num_threads or os.cpu_count() or 1, gpus)
+    keys = {"threads_per_worker", "placement", "transport"}
+    deployment = DeploymentSettings(**_overrides(env, "AGENTSERVE_DEPLOYMENT_", keys))
+    processes = sum(split.values())
+    on_ray = deployment.placement == "ray"
+    return Resources(processes * deployment.worker_threads, gpus * processes if on_ray else gpus)
 
 
 def _overrides(env: Mapping[str, str], prefix: str, keys: set[str]) -> dict[str, Any]:
