@@ -7,6 +7,7 @@ so no pyplot state or global backend is touched.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import sys
@@ -22,6 +23,17 @@ from matplotlib.ticker import MaxNLocator
 
 JSON_NAME = "report.json"
 MARKDOWN_NAME = "report.md"
+
+
+def finite(value: Any) -> Any:
+    """JSON without NaN or infinity (not JSON): None instead."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(item) for item in value]
+    return value
 
 
 @dataclass(frozen=True)

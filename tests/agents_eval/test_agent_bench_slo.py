@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +15,14 @@ import pytest
 import yaml
 from rich.progress import Progress
 
+from agents_eval.bench.agent import run
 from agents_eval.bench.agent import slo as slo_module
 from agents_eval.bench.agent.bench import AgentBenchSettings, assemble
 from agents_eval.bench.agent.cost import CostSettings, Resources, cost_figures, engine_resources
 from agents_eval.bench.agent.driver import RunLimits
 from agents_eval.bench.agent.metrics import COUNTERS, RequestRecord, Slo, slo_attainment
 from agents_eval.bench.agent.report import config_ratios, goal_check, write
-from agents_eval.bench.agent.run import Point, PointResult
+from agents_eval.bench.agent.run import Point, PointResult, RunOptions, progress_display
 from agents_eval.bench.agent.search import SearchOptions, SearchResult, search_in_turn, search_slo_rate
 from agents_eval.bench.agent.settings import SearchSettings
 from agents_eval.bench.agent.slo import probe_limits
@@ -261,8 +262,17 @@ def test_report_of_a_search_has_the_table_and_the_attainment_plot(stub_report: d
             "cost ($/1k generated tokens) | cost ($/1k computed prompt tokens) |") in markdown
     assert "## SLO-rate search" in markdown and "agent/disaggregated" in markdown
     assert (stub_report["out"] / "attainment_vs_rate.png").read_bytes().startswith(b"\x89PNG")
-    probes = sum(len(c["slo_probes"]) for c in stub_report["configs"].values())
-    assert len(list((stub_report["out"] / "requests").glob("*.jsonl"))) == probes
+
+
+def test_each_point_keeps_its_records_as_it_ends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A search cut short after its first probe still has that probe's every request on disk."""
+    stub = stub_point("agent", 1.0, "probe1")
+    monkeypatch.setattr(run, "run_point", lambda config, workload, options, log, on_record: stub.result)
+    with progress_display() as progress:
+        point = run.measure_point("agent", "probe1", 1.0, Workload("swe", (), {}), RunOptions(), tmp_path, progress)
+    lines = (tmp_path / "requests" / "agent-probe1.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [json.loads(json.dumps(asdict(r))) for r in point.result.records]
+    assert len(lines) == 20
 
 
 @pytest.mark.slow
@@ -276,6 +286,8 @@ def test_search_through_a_real_gateway_from_the_cli(tmp_path: Path) -> None:
     assert baseline["slo_rate_sessions_per_s"] == 2.0 and baseline["slo_search"]["capped"]
     assert baseline["slo_rate_rps"] == baseline["throughput_rps"] > 0 and baseline["requests_sent"] > 0
     assert "Throughput at SLO" in (tmp_path / "report.md").read_text()
+    written = sorted(path.name for path in (tmp_path / "requests").glob("*.jsonl"))
+    assert written == ["baseline-probe1.jsonl", "baseline-probe2.jsonl"]
 
 
 def test_the_bench_takes_its_configurations_probes_in_turn(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

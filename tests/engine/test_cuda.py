@@ -30,6 +30,7 @@ def test_batched_chunked_and_cached_runs_on_the_gpu_match_transformers(
     engine = LLMEngine(str(checkpoint), EngineSettings(block_size=8, num_kv_blocks=256, max_num_batched_tokens=48,
                                                         device="cuda"))
     assert engine.runner.kv_caches[0].device.type == "cuda"
+    assert not torch.backends.cuda.cudnn_sdp_enabled()  # it builds a graph per context length: one per decode step
     batch = prompts(model.config.vocab_size)
     params = SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True, return_logits=True)
     cold = engine.generate(batch, params)

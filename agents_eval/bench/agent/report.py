@@ -1,7 +1,8 @@
 """The report of `agentserve bench --workload`: per configuration its figures at its headline point (the
 offered `--rate`, or the SLO rate the search found), their ratios between configurations, the goal check,
 every point measured; written as `report.json`, `report.md` (`agent_bench_tables`), the plots
-(`agent_bench_plots`) and every request's record in `requests/<config>-<point>.jsonl`."""
+(`agent_bench_plots`); every request's record is in `requests/<config>-<point>.jsonl`, written as its
+point ends (`run.measure_point`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import json
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from agents_eval.bench.agent.metrics import Slo, ratio, summarize
 from agents_eval.bench.agent.run import Point
 from agents_eval.bench.agent.search import Probe, SearchResult
 from agents_eval.bench.agent.tables import markdown
-from agents_eval.report import JSON_NAME, MARKDOWN_NAME, ReportFiles
+from agents_eval.report import JSON_NAME, MARKDOWN_NAME, ReportFiles, finite
 
 BASELINE, AGENT = "baseline", "agent"
 PAIRS = ((AGENT, BASELINE), ("disaggregated", BASELINE), (AGENT, "disaggregated"))
@@ -151,17 +151,6 @@ def sweep_rows(points: Sequence[Point], slo: Slo, prices: CostSettings) -> dict[
     return sweep
 
 
-def finite(value: Any) -> Any:
-    """JSON without NaN or infinity (not JSON): None instead."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, Mapping):
-        return {key: finite(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [finite(item) for item in value]
-    return value
-
-
 def write(out_dir: Path, report: dict[str, Any], points: Sequence[Point], notes: Sequence[str]) -> ReportFiles:
     out_dir.mkdir(parents=True, exist_ok=True)
     files = ReportFiles(out_dir / JSON_NAME, out_dir / MARKDOWN_NAME, out_dir / plots.THROUGHPUT)
@@ -169,13 +158,4 @@ def write(out_dir: Path, report: dict[str, Any], points: Sequence[Point], notes:
     files.markdown.write_text(markdown(report, notes))
     headline = {p.config: p.result.records for p in points if p.headline}
     plots.save_all(out_dir, report, headline)
-    write_records(out_dir / "requests", points)
     return files
-
-
-def write_records(folder: Path, points: Sequence[Point]) -> None:
-    """Every request of every point, one JSON object a line: `requests/<config>-<point>.jsonl`."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for point in points:
-        lines = [json.dumps(finite(asdict(r))) for r in point.result.records]
-        (folder / f"{point.config}-{point.tag}.jsonl").write_text("".join(f"{line}\n" for line in lines))

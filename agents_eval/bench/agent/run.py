@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from agents_eval.bench.agent.gateway import (
 )
 from agents_eval.bench.agent.metrics import RequestRecord, counter_deltas
 from agents_eval.bench.agent.workload import warm_up_workload
+from agents_eval.report import finite
 
 WS, HTTP = "ws", "http"
 ADMIN_TIMEOUT_S = 10.0
@@ -83,7 +85,8 @@ def progress_display() -> Progress:
 
 def measure_point(config: str, tag: str, rate: float, workload: WorkloadLike, options: RunOptions, out_dir: Path,
                   progress: Progress) -> Point:
-    """One point on a fresh gateway, its requests on a progress bar; the log in `logs/gateway-<config>-<tag>.log`."""
+    """One point on a fresh gateway, its requests on a progress bar; the log in `logs/gateway-<config>-<tag>.log`,
+    its records in `requests/<config>-<tag>.jsonl`."""
     task = progress.add_task(f"{config} @ {rate:.3g} sessions/s", total=planned_requests(workload, options.limits),
                              note="errors 0")
     errors = 0
@@ -95,7 +98,17 @@ def measure_point(config: str, tag: str, rate: float, workload: WorkloadLike, op
 
     result = run_point(config, workload, options, out_dir / "logs" / f"gateway-{config}-{tag}.log", on_record)
     progress.update(task, total=len(result.records), completed=len(result.records))
-    return Point(config, tag, rate, result)
+    point = Point(config, tag, rate, result)
+    write_records(out_dir / "requests", point)
+    return point
+
+
+def write_records(folder: Path, point: Point) -> None:
+    """Every request of the point, one JSON object a line, `requests/<config>-<point>.jsonl`, written as the point
+    ends: a run cut short (a timeout, Ctrl-C, a lost machine) keeps every point it finished."""
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps(finite(asdict(r))) for r in point.result.records]
+    (folder / f"{point.config}-{point.tag}.jsonl").write_text("".join(f"{line}\n" for line in lines))
 
 
 def gateway_env(config: str, user_env: Mapping[str, str]) -> dict[str, str]:

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# On a machine with a CUDA GPU: the GPU tests (engine against transformers on the device, KV from GPU to GPU over
+# shm and tcp), then the agent benchmark's SLO-rate search with every engine on the GPU. Figures go to OUT_DIR.
+#   bash scripts/gpu_check.sh OUT_DIR [extra `agentserve bench` arguments]
+# WORKLOAD (swe), MODEL (small) and DTYPE (bfloat16) choose the run; each point's requests are on disk as soon as
+# it ends (OUT_DIR/<workload>/requests), so a run cut short keeps what it measured.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: scripts/gpu_check.sh OUT_DIR [bench arguments]}
+shift
+mkdir -p "$out"
+PY=${PYTHON:-.venv/bin/python}
+[ -x "$PY" ] || PY=python3
+"$PY" -c 'import torch; assert torch.cuda.is_available(), "no CUDA device"; print(torch.cuda.get_device_name())' \
+    || exit 2
+"$PY" -m pytest -q -p no:cacheprovider tests/engine/test_cuda.py 2>&1 | tee "$out/tests.txt"
+for workload in ${WORKLOAD:-swe}; do
+    "$PY" -m gateway.cli bench --workload "$workload" --model "${MODEL:-small}" \
+        --env AGENTSERVE_ENGINE_DEVICE=cuda --env "AGENTSERVE_ENGINE_DTYPE=${DTYPE:-bfloat16}" \
+        --out "$out/$workload" "$@" 2>&1 | tee "$out/bench-$workload.log"
+done
