@@ -49,14 +49,49 @@ class QuerySpan:
         return moved
 
 
+MAX_BATCHED_DECODE_SLOTS = 1 << 20  # decode streams x their longest context, beyond which each attends alone
+
+
+@dataclass
+class DecodeBatch:
+    """A step's decode spans (one query token each) attended in one call: their context slots padded to the longest,
+    padding masked out. On a GPU a call per span costs more in launches than the padded gather; on the CPU a span
+    whose slots are consecutive is read in place, so spans attend one by one there."""
+
+    rows: torch.Tensor  # [B] long: the decode tokens' rows in the flattened step
+    slots: torch.Tensor  # [B, L] long: each span's context slots, padded with slot 0
+    mask: torch.Tensor  # [B, 1, 1, L] bool, True = attend
+
+    @classmethod
+    def of(cls, spans: list[QuerySpan]) -> DecodeBatch | None:
+        """The decode spans of a step (host tensors), or None when fewer than two or too many padded slots."""
+        decodes = [span for span in spans if span.query_len == 1]
+        longest = max((span.context_len for span in decodes), default=0)
+        if len(decodes) < 2 or len(decodes) * longest > MAX_BATCHED_DECODE_SLOTS:
+            return None
+        slots = torch.zeros(len(decodes), longest, dtype=torch.long)
+        mask = torch.zeros(len(decodes), longest, dtype=torch.bool)
+        for row, span in enumerate(decodes):
+            slots[row, :span.context_len] = span.context_slots
+            mask[row, :span.context_len] = True if span.attn_mask is None else span.attn_mask[0]
+        rows = torch.tensor([span.query_start for span in decodes], dtype=torch.long)
+        return cls(rows, slots, mask.view(len(decodes), 1, 1, longest))
+
+    def to(self, device: torch.device) -> DecodeBatch:
+        return DecodeBatch(self.rows.to(device), self.slots.to(device), self.mask.to(device))
+
+
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] long: where each new token's K/V goes
     spans: list[QuerySpan]
     layer_done: Callable[[int], None] | None = None  # called after each layer (layer-wise KV streaming)
+    decode_batch: DecodeBatch | None = None  # the decode spans, attended together (ModelRunner.batch_decodes)
 
     def to(self, device: torch.device) -> AttentionMetadata:
-        return AttentionMetadata(self.slot_mapping.to(device), [p.to(device) for p in self.spans], self.layer_done)
+        batch = None if self.decode_batch is None else self.decode_batch.to(device)
+        return AttentionMetadata(self.slot_mapping.to(device), [p.to(device) for p in self.spans], self.layer_done,
+                                 batch)
 
 
 def causal_mask(num_computed: int, query_len: int) -> torch.Tensor | None:
@@ -94,10 +129,24 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
     if len(meta.spans) == 1:  # one sequence (a lone decode stream): its span is the whole step
         return _attend_span(q, kv_cache, meta.spans[0], scale)
     out = torch.empty_like(q)
+    batch = meta.decode_batch
+    if batch is not None:
+        out[batch.rows] = _attend_decodes(q[batch.rows], kv_cache, batch, scale)
     for span in meta.spans:
+        if batch is not None and span.query_len == 1:
+            continue
         end = span.query_start + span.query_len
         out[span.query_start:end] = _attend_span(q[span.query_start:end], kv_cache, span, scale)
     return out
+
+
+def _attend_decodes(q: torch.Tensor, kv_cache: torch.Tensor, batch: DecodeBatch, scale: float) -> torch.Tensor:
+    """q: [B, H, D], one token per decode span -> [B, H, D]; each span's query heads grouped by KV head."""
+    keys, values = kv_cache[:, batch.slots].permute(0, 1, 3, 2, 4)  # [B, KV, L, D] each
+    num_spans, num_heads, head_dim = q.shape
+    grouped = q.view(num_spans, keys.shape[1], num_heads // keys.shape[1], head_dim)
+    out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=batch.mask, scale=scale)
+    return out.reshape(num_spans, num_heads, head_dim)
 
 
 def _attend_span(q: torch.Tensor, kv_cache: torch.Tensor, span: QuerySpan, scale: float) -> torch.Tensor:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import AttentionMetadata, QuerySpan, causal_mask, new_kv_cache, span_mask
+from engine.attention import AttentionMetadata, DecodeBatch, QuerySpan, causal_mask, new_kv_cache, span_mask
 from engine.config import ModelConfig
 from engine.model import LlamaForCausalLM
 from engine.sampling import Sampler, TokenLogprob, token_logprob
@@ -45,6 +45,7 @@ class ModelRunner:
             # at new lengths took 3.3 s, the same steps at lengths seen before 0.65 s for 8 streams, in float32
             # (no cuDNN) 0.37 s. Flash and memory-efficient attention take any length.
             torch.backends.cuda.enable_cudnn_sdp(False)
+        self.batch_decodes = self.device.type != "cpu"  # see attention.DecodeBatch
         self.sampler = Sampler()
         self.kv_caches = [
             new_kv_cache(num_blocks * block_size, config.num_key_value_heads, config.head_dim, dtype, device)
@@ -116,7 +117,8 @@ class ModelRunner:
             context = self._slots(entry.block_ids, 0, end)
             slot_mapping.append(context[start:])
             spans.append(QuerySpan(len(ids) - entry.num_new, entry.num_new, context, _mask(entry.seq, start, end)))
-        meta = AttentionMetadata(torch.cat(slot_mapping), spans)
+        meta = AttentionMetadata(torch.cat(slot_mapping), spans,
+                                 decode_batch=DecodeBatch.of(spans) if self.batch_decodes else None)
         to = self.device
         return torch.tensor(ids, device=to), torch.cat(positions).to(to), meta.to(to)
 
