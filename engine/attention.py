@@ -26,6 +26,7 @@ class QuerySpan:
     query_len: int
     context_slots: torch.Tensor  # [context_len] long: slots of the whole context, new tokens last
     attn_mask: torch.Tensor | None  # [query_len, context_len] bool, True = attend; None: plain causal
+    host_slots: torch.Tensor | None = None  # context_slots in host memory, when those are on a device
 
     @property
     def context_len(self) -> int:
@@ -34,19 +35,17 @@ class QuerySpan:
     @cached_property
     def first_slot(self) -> int | None:
         """The context's first slot when its slots are consecutive, so every layer reads its K/V in place;
-        None when they are not. Worked out once per step, not once per layer."""
-        slots = self.context_slots
+        None when they are not. Worked out once per step, not once per layer, from the host's copy of the slots,
+        so a GPU step does not wait on the device for it."""
+        slots = self.context_slots if self.host_slots is None else self.host_slots
         if slots.numel() > 1 and not bool((slots.diff() == 1).all()):
             return None
         return int(slots[0])
 
     def to(self, device: torch.device) -> QuerySpan:
-        """The span on `device`, its `first_slot` worked out here first, so a GPU step does not wait on the
-        device for it."""
         mask = None if self.attn_mask is None else self.attn_mask.to(device)
-        moved = QuerySpan(self.query_start, self.query_len, self.context_slots.to(device), mask)
-        moved.__dict__["first_slot"] = self.first_slot  # cached_property's own slot
-        return moved
+        host = self.context_slots if self.context_slots.device.type == "cpu" else self.host_slots
+        return QuerySpan(self.query_start, self.query_len, self.context_slots.to(device), mask, host)
 
 
 MAX_BATCHED_DECODE_SLOTS = 1 << 20  # decode streams x their longest context, beyond which each attends alone

@@ -71,3 +71,12 @@ def test_the_engine_with_batched_decodes_matches_transformers(
     batch = prompts(model.config.vocab_size)
     params = SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True, return_logits=True)
     check_against_hf(engine.generate(batch, params), batch, model)
+
+
+def test_a_span_on_a_device_works_out_its_first_slot_from_the_host_copy() -> None:
+    """On a GPU reading the slots off the device would wait for it once per span per step; "meta" holds no values,
+    so reading them there would raise."""
+    consecutive, scattered = (QuerySpan(0, 1, torch.tensor(slots), None).to(torch.device("meta"))
+                              for slots in ([8, 9, 10, 11], [8, 9, 30]))
+    assert (consecutive.first_slot, scattered.first_slot) == (8, None)
+    assert consecutive.context_slots.device.type == "meta" and consecutive.to(torch.device("meta")).first_slot == 8
