@@ -32,6 +32,11 @@ class QuerySpan:
     def context_len(self) -> int:
         return int(self.context_slots.numel())
 
+    @property
+    def is_decode(self) -> bool:
+        """One query token: what a `DecodeBatch` takes (a decode step, or a one-token prefill chunk, alike here)."""
+        return self.query_len == 1
+
     @cached_property
     def first_slot(self) -> int | None:
         """The context's first slot when its slots are consecutive, so every layer reads its K/V in place;
@@ -64,7 +69,7 @@ class DecodeBatch:
     @classmethod
     def of(cls, spans: list[QuerySpan]) -> DecodeBatch | None:
         """The decode spans of a step (host tensors), or None when fewer than two or too many padded slots."""
-        decodes = [span for span in spans if span.query_len == 1]
+        decodes = [span for span in spans if span.is_decode]
         longest = max((span.context_len for span in decodes), default=0)
         if len(decodes) < 2 or len(decodes) * longest > MAX_BATCHED_DECODE_SLOTS:
             return None
@@ -132,7 +137,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
     if batch is not None:
         out[batch.rows] = _attend_decodes(q[batch.rows], kv_cache, batch, scale)
     for span in meta.spans:
-        if batch is not None and span.query_len == 1:
+        if batch is not None and span.is_decode:  # attended in the batch above
             continue
         end = span.query_start + span.query_len
         out[span.query_start:end] = _attend_span(q[span.query_start:end], kv_cache, span, scale)
@@ -155,7 +160,7 @@ def _attend_span(q: torch.Tensor, kv_cache: torch.Tensor, span: QuerySpan, scale
     unfused math path, three times slower on a decode step."""
     keys, values = _context_kv(kv_cache, span).transpose(1, 2).unsqueeze(1)  # [1, KV, L, D] each
     num_heads, num_kv_heads = q.shape[1], keys.shape[1]
-    if span.query_len == 1:
+    if span.is_decode:
         grouped = q.view(1, num_kv_heads, num_heads // num_kv_heads, q.shape[2])  # head h uses kv head h // group
         out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=span.attn_mask, scale=scale)
         return out.reshape(1, num_heads, q.shape[2])

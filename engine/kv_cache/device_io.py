@@ -22,7 +22,7 @@ class BlockCodec:
     def encode(self, block_hash: int, block_id: int) -> bytes:
         frames = []
         for layer in range(self.num_layers):
-            kv = self.runner.read_kv(layer, [block_id], self.block_size).cpu().contiguous()
+            kv = self.runner.read_kv(layer, [block_id], self.block_size)  # host memory, contiguous
             frames.append(kv_wire.encode(kv_wire.KVBlock(layer, 0, self.block_size, block_hash, kv)).tobytes())
         return b"".join(frames)
 

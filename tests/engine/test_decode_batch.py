@@ -19,7 +19,8 @@ from tests.engine.test_engine_parity import STEPS, check_against_hf, prompts
 HEADS, KV_HEADS, HEAD_DIM, SLOTS = 8, 2, 16, 256
 
 
-def step_of(contexts: list[list[int]], prefill: int = 0) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+def step_of(contexts: list[list[int]], prefill: int = 0,
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]:
     """q, k, v and metadata of a step: one decode token per context (its slots, the new token's last), the second
     one's third to sixth slots masked, and, with `prefill`, a fresh prompt chunk of that many tokens first."""
     generator = torch.Generator().manual_seed(0)
