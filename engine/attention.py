@@ -108,16 +108,17 @@ def causal_mask(num_computed: int, query_len: int) -> torch.Tensor | None:
     return cols <= rows
 
 
-def span_mask(query_positions: torch.Tensor, context_len: int,
-              spans: list[tuple[int, int, int]]) -> torch.Tensor:
-    """Causal mask [queries, context] that also skips each (start, end, from_position) span for queries
-    at or after from_position. A query always sees itself, so no row is empty."""
-    rows = query_positions.unsqueeze(1)
-    cols = torch.arange(context_len).unsqueeze(0)
-    allowed = cols <= rows
+def span_mask(num_computed: int, query_len: int, spans: list[tuple[int, int, int]]) -> torch.Tensor:
+    """Causal mask [query_len, num_computed + query_len] for the queries at positions num_computed.. that also
+    skips each (start, end, from_position) span for queries at or after from_position. A query always sees
+    itself, so no row is empty. Built by slices, a few small ops per span: a decode step builds one per masked
+    stream."""
+    allowed = torch.ones(query_len, num_computed + query_len, dtype=torch.bool).tril_(num_computed)
     for start, end, from_position in spans:
-        allowed &= ~((cols >= start) & (cols < end) & (rows >= from_position))
-    return allowed | (cols == rows)
+        allowed[max(0, from_position - num_computed):, start:end] = False
+    rows = torch.arange(query_len)
+    allowed[rows, rows + num_computed] = True
+    return allowed
 
 
 def new_kv_cache(num_slots: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,

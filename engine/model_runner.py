@@ -130,5 +130,5 @@ def _spans(seq: Sequence) -> list[tuple[int, int, int]]:
 def _mask(seq: Sequence, start: int, end: int) -> torch.Tensor | None:
     """None where attention needs no explicit mask: a fresh prefill (causal) or a plain decode (all)."""
     if seq.masked_spans:
-        return span_mask(torch.arange(start, end), end, _spans(seq))
+        return span_mask(start, end - start, _spans(seq))
     return None if end - start == 1 else causal_mask(start, end - start)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.attention import span_mask
 from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine
 from engine.mask import MaskedSpan
@@ -88,3 +89,16 @@ def test_invalid_spans_are_rejected() -> None:
     engine = LLMEngine("tiny", EngineSettings(num_kv_blocks=16))
     with pytest.raises(ValueError, match="ends past the prompt"):
         engine.add_request([1, 2, 3], SamplingParams(), masked_spans=[MaskedSpan(0, 9, 9)])
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("num_computed", [0, 1, 17, PROMPT_LEN - 1])
+def test_a_step_s_mask_is_the_reference_mask_s_rows_of_its_queries(shape: str, num_computed: int) -> None:
+    """Every step (a prefill chunk or a decode token, after any cached prefix) gets the rows of its queries. The
+    last span is masked from inside itself, so its own queries must still see themselves."""
+    spans = [*SHAPES[shape], MaskedSpan(30, 38, 33)]
+    reference = reference_mask(PROMPT_LEN + 4, spans)
+    for query_len in (1, 3, PROMPT_LEN + 4 - num_computed):
+        end = num_computed + query_len
+        mask = span_mask(num_computed, query_len, [(s.start, s.end, s.from_position) for s in spans])
+        assert torch.equal(mask, reference[num_computed:end, :end]), (num_computed, query_len)
