@@ -45,9 +45,8 @@ def completed(response_id: str) -> dict[str, Any]:
 
 
 def test_a_turn_reads_its_deltas_and_usage_and_the_next_continues_from_its_response() -> None:
-    connection = ScriptedConnection([{"type": "response.created"}, {"type": "response.output_text.delta", "delta": "he"},
-                                     {"type": "response.output_text.delta", "delta": "y"}, completed("resp_1"),
-                                     completed("resp_2")])
+    deltas = [{"type": "response.output_text.delta", "delta": text} for text in ("he", "y")]
+    connection = ScriptedConnection([{"type": "response.created"}, *deltas, completed("resp_1"), completed("resp_2")])
     session = WsSession(connection, "tiny", "be brief")
     reply = asyncio.run(session.send(Turn(({"role": "user", "content": "hi"},))))
     assert (reply.text, reply.prompt_tokens, reply.cached_tokens, reply.output_tokens) == ("hey", 12, 8, 2)
