@@ -48,7 +48,7 @@ class Knee:
 
 def test_search_finds_the_knee_within_precision_and_budget() -> None:
     runner = Knee()
-    result = search_slo_rate(runner, 0.2, SearchOptions(precision=0.05, max_probes=12))
+    result = search_slo_rate(runner, 0.2, SearchOptions(growth=2.0, precision=0.05, max_probes=12))
     assert result.low is not None and result.high is not None
     assert result.low.rate < KNEE <= result.high.rate
     assert result.high.rate / result.low.rate - 1 <= 0.05 and result.converged(0.05)
@@ -71,7 +71,7 @@ def test_searches_in_turn_probe_what_each_would_alone_one_probe_of_each_a_round(
             return runners[name](rate)
         return measure
 
-    options = SearchOptions(precision=0.1, max_probes=9)
+    options = SearchOptions(growth=2.0, precision=0.1, max_probes=9)
     results = search_in_turn({name: logged(name) for name in knees}, 0.2, options)
     for name, knee in knees.items():
         alone = Knee(knee)
@@ -82,15 +82,29 @@ def test_searches_in_turn_probe_what_each_would_alone_one_probe_of_each_a_round(
     assert len(runners["baseline"].rates) == 7 and order[21:] == ["disaggregated", "agent"] * 2  # ...until done
 
 
+@pytest.mark.parametrize(("knee", "probes", "probes_by_2"), [(5.0, 7, 8), (15.0, 8, 10), (50.0, 8, 11)])
+def test_the_default_search_converges_knees_up_to_51_sessions_per_s_within_its_budget(
+        knee: float, probes: int, probes_by_2: int) -> None:
+    """x4 from 0.2 sessions/s brackets [12.8, 51.2) in 5 probes and bisects it to under 1.2x in 3 more; by x2 the
+    climb alone takes 8, and a knee of 15 sessions/s took 10 probes, over the budget of 9."""
+    runner = Knee(knee)
+    result = search_slo_rate(runner, 0.2)
+    assert result.converged(SearchOptions().precision) and len(runner.rates) == probes <= SearchOptions().max_probes
+    assert result.low is not None and result.high is not None and result.low.rate < knee <= result.high.rate
+    by_2 = Knee(knee)
+    assert search_slo_rate(by_2, 0.2, SearchOptions(growth=2.0, max_probes=20)).rate == result.rate
+    assert len(by_2.rates) == probes_by_2
+
+
 def test_search_stops_at_the_probe_budget_with_the_bracket_it_has() -> None:
     runner = Knee()
-    result = search_slo_rate(runner, 0.2, SearchOptions(max_probes=6))
+    result = search_slo_rate(runner, 0.2, SearchOptions(growth=2.0, max_probes=6))
     assert len(runner.rates) == 6 and not result.converged(SearchOptions().precision)
     assert (result.rate, result.high and result.high.rate) == pytest.approx((3.2, 6.4))
 
 
 def test_search_from_above_the_knee_shrinks_then_bisects() -> None:
-    result = search_slo_rate(Knee(), 20.0, SearchOptions(precision=0.1, max_probes=10))
+    result = search_slo_rate(Knee(), 20.0, SearchOptions(growth=2.0, precision=0.1, max_probes=10))
     assert [p.rate for p in result.probes[:4]] == pytest.approx([20.0, 10.0, 5.0, 2.5])
     assert result.low is not None and result.high is not None
     assert result.low.rate < KNEE <= result.high.rate and result.converged(0.1)
@@ -98,28 +112,29 @@ def test_search_from_above_the_knee_shrinks_then_bisects() -> None:
 
 def test_search_that_meets_the_slo_everywhere_stops_at_the_cap() -> None:
     always = Knee(knee=math.inf)
-    result = search_slo_rate(always, 1.0, SearchOptions(max_rate=5.0))
+    result = search_slo_rate(always, 1.0, SearchOptions(growth=2.0, max_rate=5.0))
     assert always.rates == [1.0, 2.0, 4.0, 5.0]
     assert result.capped and result.high is None and result.rate == 5.0 and not result.converged(0.2)
-    uncapped = search_slo_rate(Knee(knee=math.inf), 1.0, SearchOptions(max_probes=4))
+    uncapped = search_slo_rate(Knee(knee=math.inf), 1.0, SearchOptions(growth=2.0, max_probes=4))
     assert uncapped.capped and uncapped.rate == 8.0 and len(uncapped.probes) == 4
 
 
 def test_search_that_misses_at_the_lowest_rate_finds_none() -> None:
     never = Knee(knee=0.0)
-    result = search_slo_rate(never, 1.0, SearchOptions(min_rate=0.25))
+    result = search_slo_rate(never, 1.0, SearchOptions(growth=2.0, min_rate=0.25))
     assert never.rates == [1.0, 0.5, 0.25]
     assert result.low is None and result.rate == 0.0 and not result.capped
     assert result.high is not None and result.high.rate == 0.25
 
 
 def test_attainment_at_the_target_meets_it_and_nan_misses() -> None:
-    exact = search_slo_rate(lambda rate: (0.9, None), 1.0, SearchOptions(max_probes=2))
+    exact = search_slo_rate(lambda rate: (0.9, None), 1.0, SearchOptions(growth=2.0, max_probes=2))
     assert exact.rate == 2.0 and exact.capped
-    empty: SearchResult[None] = search_slo_rate(lambda rate: (math.nan, None), 1.0, SearchOptions(max_probes=3))
+    empty: SearchResult[None] = search_slo_rate(lambda rate: (math.nan, None), 1.0,
+                                                SearchOptions(growth=2.0, max_probes=3))
     assert empty.rate == 0.0 and len(empty.probes) == 3
     with pytest.raises(ValueError, match="start rate"):
-        search_slo_rate(Knee(), 0.0)
+        search_slo_rate(Knee(), 0.0, SearchOptions(growth=2.0))
 
 
 def test_cost_is_cores_times_hours_whatever_the_worker_count() -> None:
@@ -198,7 +213,7 @@ def stub_search(config: str, point_at: Callable[[str, float, str], Point] | None
         point = (point_at or stub_point)(config, rate, f"probe{rate:g}")
         return slo_attainment(point.result.records, SLO), point
 
-    search = search_slo_rate(measure, 0.2, SearchOptions(max_probes=8))
+    search = search_slo_rate(measure, 0.2, SearchOptions(growth=2.0, max_probes=8))
     best = search.low.figures if search.low is not None else None
     points = [probe.figures for probe in search.probes if probe.figures is not None]
     return [replace(point, headline=point is best) for point in points], search
@@ -282,8 +297,8 @@ def test_search_through_a_real_gateway_from_the_cli(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "report.json").read_text())
     baseline = report["configs"]["baseline"]
     assert report["settings"]["mode"] == "slo-rate search" and report["settings"]["search"]["max_probes"] == 2
-    assert [p["rate"] for p in baseline["slo_probes"]] == [1.0, 2.0]  # an SLO nothing misses: it grows
-    assert baseline["slo_rate_sessions_per_s"] == 2.0 and baseline["slo_search"]["capped"]
+    assert [p["rate"] for p in baseline["slo_probes"]] == [1.0, 4.0]  # an SLO nothing misses: it grows (x4)
+    assert baseline["slo_rate_sessions_per_s"] == 4.0 and baseline["slo_search"]["capped"]
     assert baseline["slo_rate_rps"] == baseline["throughput_rps"] > 0 and baseline["requests_sent"] > 0
     assert "Throughput at SLO" in (tmp_path / "report.md").read_text()
     written = sorted(path.name for path in (tmp_path / "requests").glob("*.jsonl"))
@@ -303,7 +318,7 @@ def test_the_bench_takes_its_configurations_probes_in_turn(monkeypatch: pytest.M
 
     monkeypatch.setattr(slo_module, "prober", stub_prober)
     settings = AgentBenchSettings(WorkloadOptions("swe"), configs=tuple(KNEES), slo=SLO,
-                                  search=SearchSettings(options=SearchOptions(max_probes=8)))
+                                  search=SearchSettings(options=SearchOptions(growth=2.0, max_probes=8)))
     with Progress(disable=True) as progress:
         points, searches = slo_module.run_search(settings, slo_module.probe_workloads(settings), 0.2, tmp_path,
                                                  progress)

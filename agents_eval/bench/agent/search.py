@@ -27,9 +27,9 @@ SLO_TARGET = 0.9
 @dataclass(frozen=True)
 class SearchOptions:
     target: float = SLO_TARGET
-    growth: float = 2.0
+    growth: float = 4.0  # fewer probes climbing to the knee; bisecting its bracket takes one more
     precision: float = 0.2  # relative: the bracket's high / low - 1
-    max_probes: int = 9  # from 0.2 sessions/s: brackets and converges an SLO rate up to 12.8
+    max_probes: int = 9  # from 0.2 sessions/s: brackets and converges an SLO rate up to 51.2
     max_rate: float = math.inf
     min_rate: float = 0.0
 
