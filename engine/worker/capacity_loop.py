@@ -46,6 +46,7 @@ class CapacityLoop:
         self.signals = AgentSignals()
         self.times = RequestTimes()
         self.last_tick: float | None = None
+        self.last_alerts_at: float | None = None
         self.shift_seen_at: float | None = None  # detection time of the latest shift the policy was shown
         self.last_decision: Decision | None = None
         self.moves = 0
@@ -65,7 +66,9 @@ class CapacityLoop:
             self.events.move(now, move.worker_id, move.role)
             self.moves += 1
             self.last_move_at = time.time()
-        self._alerts(now)
+        if self.last_alerts_at is None or now - self.last_alerts_at >= self.settings.interval_s:
+            self.last_alerts_at = now  # alerts watch slow trends (KV hit ratio, retransmits): not on every push
+            self._alerts(now)
 
     def _new_shift(self) -> Shift | None:
         """The latest shift's direction, the first time the policy sees it (shown once, not every tick)."""
