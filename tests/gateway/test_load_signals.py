@@ -3,17 +3,22 @@ real HTTP feed the think/act monitor and, opt-in, land in a JSONL recording the 
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 
 from engine.async_engine import AsyncLLMEngine
 from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine
+from engine.stats import AgentSignals
+from gateway.admission import AdmissionController
 from gateway.app import create_app
 from gateway.auth import ANONYMOUS
-from gateway.load_signals import LoadSignals
+from gateway.load_signals import PUSH_GATHER_S, LoadSignals
 from gateway.session_store import session_key
 from gateway.settings import GatewaySettings
 from predictor.forecast import LoadForecaster
@@ -61,3 +66,35 @@ def test_a_turn_is_expected_to_decode_its_forecast_capped_at_max_tokens() -> Non
     assert signals.expected_output_tokens("agent-1", 256) == round(predicted)
     assert signals.expected_output_tokens("agent-1", 4) == 4
     assert signals.expected_output_tokens(None, 256) == 256
+
+
+class DeliveryLog:
+    """The engine seam LoadSignals pushes through: each `call` is one wake-up of the engine thread."""
+
+    def __init__(self) -> None:
+        self.engine = SimpleNamespace(capacity=object())  # a capacity controller reads the signals
+        self.delivered: list[AgentSignals] = []
+
+    def call(self, fn: Callable[[object], object]) -> None:
+        fn(SimpleNamespace(update_signals=self.delivered.append))
+
+
+def test_pushes_within_the_gather_window_reach_the_engine_as_one_with_the_latest_admitted_work() -> None:
+    engine = DeliveryLog()
+    signals = LoadSignals(engine, 0.1, 1.0, None, None)  # type: ignore[arg-type]
+    admission = AdmissionController(ttft_slo_s=1.0, initial_prefill_tokens_per_s=1000.0)
+    signals.watch(admission)
+
+    async def turns() -> None:
+        for index in range(3):
+            admission.on_admit(f"r{index}", 100, 10)
+        assert engine.delivered == []  # gathered, not yet sent
+        await asyncio.sleep(3 * PUSH_GATHER_S)
+        admission.on_first_token("r0")
+        await asyncio.sleep(3 * PUSH_GATHER_S)
+
+    asyncio.run(turns())
+    assert [s.admitted.prompts for s in engine.delivered if s.admitted] == [3, 2]
+    assert len(engine.delivered) == 2
+    admission.on_finish("r0")  # off an event loop: delivered at once
+    assert len(engine.delivered) == 3 and engine.delivered[-1].admitted.streams == 2  # type: ignore[union-attr]
