@@ -27,7 +27,7 @@ from trajectory.phase_monitor import PhaseMixMonitor
 log = logging.getLogger(__name__)
 SHIFT_PHASE = {"to_think": "think", "to_act": "act"}
 MAX_SESSIONS = 100_000  # sessions whose last arrival is kept (for the tool gap); the least recent go first
-PUSH_GATHER_S = 0.02  # pushes to the controller within this ride on one; its goals are 500 ms (100 ms p50)
+PUSH_GATHER_S = 0.02  # at most one push to the controller this often; its goals are 500 ms (100 ms p50)
 
 
 class LoadSignals:
@@ -42,7 +42,8 @@ class LoadSignals:
         self.last_arrival: OrderedDict[str, float] = OrderedDict()  # least recently seen session first
         self.admission: AdmissionController | None = None
         self._pushed = AgentSignals()
-        self._delivery: asyncio.TimerHandle | None = None  # the pending delivery of `_pushed`
+        self._window: asyncio.TimerHandle | None = None  # open while pushes ride on one delivery at its end
+        self._gathered = False  # a push came within the open window
         self.failures = 0  # pushes that failed
         self._task: asyncio.Task[None] | None = None
 
@@ -114,19 +115,25 @@ class LoadSignals:
             self._send(self.signals(now))
 
     def _send(self, signals: AgentSignals) -> None:
-        """The engine thread gets the latest signals within PUSH_GATHER_S. Pushes in between (three per request:
-        admitted, first token, finished) ride on one: each wakes the engine thread, and at 16 sessions/s one call
-        per push took 14% of the gateway's CPU. Off an event loop (a test driving this directly) it goes at once."""
+        """At most one delivery to the engine thread every PUSH_GATHER_S: a push outside a window goes at once (ahead
+        of its turn's placement) and opens one; pushes inside it ride on one delivery of the latest signals at its
+        end. Each delivery wakes the engine thread, and a request pushes three times (admitted, first token,
+        finished): at 16 sessions/s a delivery per push took 14% of the gateway's CPU."""
         self._pushed = signals
-        if self._delivery is not None:
+        if self._window is not None:
+            self._gathered = True
             return
-        try:
-            self._delivery = asyncio.get_running_loop().call_later(PUSH_GATHER_S, self._deliver)
-        except RuntimeError:
-            self._deliver()
+        self._deliver()
+        with contextlib.suppress(RuntimeError):  # off an event loop (a test driving this directly): no window
+            self._window = asyncio.get_running_loop().call_later(PUSH_GATHER_S, self._close_window)
+
+    def _close_window(self) -> None:
+        self._window = None
+        if self._gathered:
+            self._gathered = False
+            self._send(self._pushed)
 
     def _deliver(self) -> None:
-        self._delivery = None
         pushed = self._pushed
         self.engine.call(lambda engine: engine.update_signals(pushed))
 
@@ -150,9 +157,9 @@ class LoadSignals:
         return self.forecaster.uses, self.forecaster.reason
 
     async def stop(self) -> None:
-        if self._delivery is not None:
-            self._delivery.cancel()
-            self._delivery = None
+        if self._window is not None:
+            self._window.cancel()
+            self._window = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -79,22 +79,26 @@ class DeliveryLog:
         fn(SimpleNamespace(update_signals=self.delivered.append))
 
 
-def test_pushes_within_the_gather_window_reach_the_engine_as_one_with_the_latest_admitted_work() -> None:
+def test_a_push_goes_at_once_and_those_within_its_window_ride_on_one_delivery_at_its_end() -> None:
     engine = DeliveryLog()
     signals = LoadSignals(engine, 0.1, 1.0, None, None)  # type: ignore[arg-type]
     admission = AdmissionController(ttft_slo_s=1.0, initial_prefill_tokens_per_s=1000.0)
     signals.watch(admission)
 
+    def prompts() -> list[int]:
+        return [s.admitted.prompts if s.admitted else -1 for s in engine.delivered]
+
     async def turns() -> None:
         for index in range(3):
             admission.on_admit(f"r{index}", 100, 10)
-        assert engine.delivered == []  # gathered, not yet sent
+        assert prompts() == [1]  # the first at once, ahead of its turn; the other two wait for the window's end
         await asyncio.sleep(3 * PUSH_GATHER_S)
+        assert prompts() == [1, 3]
+        await asyncio.sleep(3 * PUSH_GATHER_S)  # the window closed with nothing gathered
         admission.on_first_token("r0")
-        await asyncio.sleep(3 * PUSH_GATHER_S)
+        assert prompts() == [1, 3, 2]
+        await signals.stop()
 
     asyncio.run(turns())
-    assert [s.admitted.prompts for s in engine.delivered if s.admitted] == [3, 2]
-    assert len(engine.delivered) == 2
     admission.on_finish("r0")  # off an event loop: delivered at once
-    assert len(engine.delivered) == 3 and engine.delivered[-1].admitted.streams == 2  # type: ignore[union-attr]
+    assert prompts() == [1, 3, 2, 2] and engine.delivered[-1].admitted.streams == 2  # type: ignore[union-attr]
