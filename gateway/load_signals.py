@@ -118,7 +118,7 @@ class LoadSignals:
         """At most one delivery to the engine thread every PUSH_GATHER_S: a push outside a window goes at once (ahead
         of its turn's placement) and opens one; pushes inside it ride on one delivery of the latest signals at its
         end. Each delivery wakes the engine thread, and a request pushes three times (admitted, first token,
-        finished): at 16 sessions/s a delivery per push took 14% of the gateway's CPU."""
+        finished): at 16 sessions/s a delivery per push was 14% of the gateway's profile samples."""
         self._pushed = signals
         if self._window is not None:
             self._gathered = True

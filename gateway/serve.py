@@ -49,7 +49,7 @@ def serve(settings: GatewaySettings) -> None:
     if not settings.engine_in_process:
         # This process's torch work is then the load forecast (the engine is in its workers): a fraction of a
         # millisecond on one thread. On a thread per core its parallel regions wait for, and spin against, the
-        # cores the workers hold: 4-6x slower on a busy 2-core host, and a fifth of the gateway's CPU.
+        # cores the workers hold: 4-6x slower on a busy 2-core host, and 18% of the gateway's py-spy samples.
         torch.set_num_threads(1)
     app = create_app(settings)
     config = uvicorn_config(app, settings, log_level="info", timeout_graceful_shutdown=1)
