@@ -7,7 +7,7 @@
   agent session. An "append" turn sends only its new messages with `previous_response_id`; a "last_action"
   turn sends its whole short input (previous reply and new messages) and starts afresh on the connection.
   Events go and come as raw JSON (`send_raw`, `recv_bytes`): the SDK's typed events are validated one by one
-  with pydantic, which took 42% of the benchmark process's CPU at 12.8 sessions/s, on the cores the gateway
+  with pydantic, 42% of the benchmark process's py-spy samples at 12.8 sessions/s, on the cores the gateway
   and its workers share; the chat client parses its SSE chunks with `json.loads` alike.
 
 A turn whose workload speaks function calling carries chat `tools` (sent with each chat request) and `tool`
