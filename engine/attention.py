@@ -101,11 +101,7 @@ class AttentionMetadata:
 def causal_mask(num_computed: int, query_len: int) -> torch.Tensor | None:
     """Query i (absolute position num_computed + i) sees context positions 0..num_computed + i.
     None when nothing is cached: attention then runs its fused causal path."""
-    if num_computed == 0:
-        return None
-    rows = torch.arange(query_len).unsqueeze(1) + num_computed
-    cols = torch.arange(num_computed + query_len).unsqueeze(0)
-    return cols <= rows
+    return None if num_computed == 0 else span_mask(num_computed, query_len, [])
 
 
 def span_mask(num_computed: int, query_len: int, spans: list[tuple[int, int, int]]) -> torch.Tensor:
