@@ -97,6 +97,7 @@ def machine_info() -> dict[str, Any]:
         "processor": platform.processor() or platform.machine(),
         "python": sys.version.split()[0],
         "load_average": list(os.getloadavg()),  # 1, 5, 15 minutes: other work on the machine skews timings
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
     }
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from agents_eval.report import Table, machine_info, markdown_document
 
 SEED_CONFIGS = ("seed-baseline", "seed-distserve", "seed-agent")
+SIM_DURATION_S = 90.0  # seconds of session arrivals of a simulated run
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cluster", default="seed-agent", help="a cluster of configs/sim.yaml (single run)")
     p.add_argument("--workload", default="swe", choices=["swe", "webarena", "sharegpt"])
     p.add_argument("--rate", type=float, default=1.0, help="sessions started per second (single run)")
-    p.add_argument("--duration", type=float, default=90.0, help="seconds over which sessions start")
+    p.add_argument("--duration", type=float, help="seconds over which sessions start (90; --validate: 120)")
     p.add_argument("--warmup", type=float, default=30.0, help="requests arriving before this are not judged")
     p.add_argument("--seed", type=int, default=0)
     what = p.add_mutually_exclusive_group()
@@ -50,12 +51,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> None:
     from agents_eval.sim import reports  # simpy, the engine's policies, matplotlib
 
+    if args.duration is None and not args.validate:  # --validate has a default of its own
+        args.duration = SIM_DURATION_S
     if args.validate:
         from agents_eval.sim.validate import validate
 
         if args.calibration is None:
             raise ValueError("--validate needs --calibration FILE (write one with `agentserve profile`)")
-        data = validate(args.calibration, args.seed, repeats=args.repeats)
+        data = validate(args.calibration, args.seed, repeats=args.repeats, duration_s=args.duration)
         tables = data.pop("tables")
     elif args.table:
         data, tables = reports.table(args)

@@ -69,9 +69,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> None:
     from agents_eval.report import machine_info
+    from engine.config import EngineSettings
 
     measured = profile_engine(args.model, args.max_tokens, args.seed)
-    calibration = fit(args.model, "float32", measured.samples, machine_info(), measured.idle_penalty,
+    calibration = fit(args.model, EngineSettings().dtype, measured.samples, machine_info(), measured.idle_penalty,
                       measured.worker_hop_s, measured.worker_idle_penalty, measured.co_run_slowdown)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     calibration.save(args.out)

@@ -27,6 +27,7 @@ from agents_eval.sim.calibration import Calibration
 from agents_eval.sim.config import ClusterConfig, EngineKnobs, Pool
 from agents_eval.sim.real_runs import in_process, play, through_processes
 from agents_eval.sim.run import simulate
+from agents_eval.sim.specs import DEVICES_DIR
 from agents_eval.sim.step_agreement import agreement, run_speed
 from agents_eval.sim.workload import SimSession, from_workload
 from agents_eval.workloads import swe
@@ -56,12 +57,33 @@ def engine_knobs(model: str) -> EngineKnobs:
                        max_kv_blocks=num_kv_blocks(resolve_model(model).config, settings))
 
 
-def cpu_cluster(deployment: str, calibration: Path, model: str) -> ClusterConfig:
+def measured_cluster(deployment: str, calibration: Path | None, model: str) -> ClusterConfig:
+    """The deployment the real runs used, on the device and dtype the engine's settings give them. Without a
+    calibration it runs on the roofline of the device's datasheet (`configs/devices/`)."""
+    from engine.config import EngineSettings
+
+    settings = EngineSettings()
     roles = ("colocated",) if deployment == DEPLOYMENTS[0] else ("prefill", "decode")
-    pools = tuple(Pool(device="cpu", nodes=1, gpus_per_node=1, tensor_parallel=1, role=role) for role in roles)  # type: ignore[arg-type]
-    return ClusterConfig(name=deployment, model=model, dtype="float32", pools=pools, engine=engine_knobs(model),
-                         transport="shm", calibration=str(calibration), session_ttl_s=TTL_S,
-                         controller=len(roles) > 1, worker_processes=len(roles) > 1)  # colocated: LLMEngine in process
+    pools = tuple(Pool(device=device_spec(settings.device), nodes=1, gpus_per_node=1, tensor_parallel=1, role=role)  # type: ignore[arg-type]
+                  for role in roles)
+    return ClusterConfig(name=deployment, model=model, dtype=settings.dtype, pools=pools, engine=engine_knobs(model),
+                         transport="shm", calibration=None if calibration is None else str(calibration),
+                         session_ttl_s=TTL_S, controller=len(roles) > 1,
+                         worker_processes=len(roles) > 1)  # colocated: LLMEngine in process
+
+
+def device_spec(device: str) -> str:
+    """The `configs/devices/` spec of the engine's device: `cpu`, or the GPU whose spec name its name contains."""
+    if device == "cpu":
+        return "cpu"
+    import torch
+
+    words = torch.cuda.get_device_name(torch.device(device)).lower().split()  # "NVIDIA H200", "NVIDIA H100 80GB HBM3"
+    specs = sorted(path.stem for path in DEVICES_DIR.glob("*.yaml") if path.stem != "cpu")
+    for spec in specs:
+        if spec in words:
+            return spec
+    raise ValueError(f"no spec in configs/devices/ for the GPU {' '.join(words)!r} (specs: {', '.join(specs)})")
 
 
 @dataclass(frozen=True)
@@ -117,26 +139,33 @@ def run_order(repeats: int) -> list[tuple[str, float]]:
     return [(deployment, rate) for _ in range(repeats) for deployment in DEPLOYMENTS for rate in RATES]
 
 
-def validate(calibration: Path, seed: int = 0, model: str = "small", repeats: int | None = None) -> dict[str, Any]:
+def validate(calibration: Path, seed: int = 0, repeats: int | None = None, duration_s: float | None = None
+             ) -> dict[str, Any]:
+    """The real runs use the calibration's model."""
     repeats = REPEATS if repeats is None else repeats
-    if repeats < 1:
-        raise ValueError("--repeats must be at least 1")
-    workloads = {rate: from_workload(swe.build(seed=seed, rate=rate, duration_s=DURATION_S,
+    duration_s = DURATION_S if duration_s is None else duration_s
+    if repeats < 1 or duration_s <= 0:
+        raise ValueError("--repeats must be at least 1 and --duration above 0")
+    workloads = {rate: from_workload(swe.build(seed=seed, rate=rate, duration_s=duration_s,
                                                max_requests=MAX_REQUESTS)) for rate in RATES}
+    if empty := [rate for rate, sessions in workloads.items() if not sessions]:
+        raise ValueError(f"--duration {duration_s:g} starts no swe session at {empty[0]:g} sessions/s")
     fitted = Calibration.load(calibration)  # a file that is not one fails before the real runs, not after them
+    model = fitted.model
     measured = real_runs(workloads, model, repeats)
     rows, steps = [], []
     for (deployment, rate), runs in measured.items():
-        rows += figure_rows(deployment, rate, predict(cpu_cluster(deployment, calibration, model), workloads[rate]),
-                            [run.latencies for run in runs])
+        predicted = predict(measured_cluster(deployment, calibration, model), workloads[rate])
+        rows += figure_rows(deployment, rate, predicted, [run.latencies for run in runs])
         steps += step_rows(fitted, deployment, rate, runs)
     at_speed = at_run_speed(fitted, workloads, measured, model)
+    datasheet = on_datasheet(workloads, measured, model)
     return {"validation": {"max_relative_error": max_error(rows), "rows": rows, "steps": steps,
-                           "at_run_speed": at_speed, "calibration": str(calibration), "model": model,
-                           "rates": RATES, "duration_s": DURATION_S, "max_requests": MAX_REQUESTS,
+                           "at_run_speed": at_speed, "datasheet": datasheet, "calibration": str(calibration),
+                           "model": model, "rates": RATES, "duration_s": duration_s, "max_requests": MAX_REQUESTS,
                            "repeats": repeats},
-            "notes": ["Measured on this machine's 2 CPU cores while other work ran on them: the real runs' "
-                      "timings carry that load (see machine.load_average).",
+            "notes": ["Measured on this machine while other work may have run on it: the real runs' timings carry "
+                      "that load (see machine.load_average).",
                       f"Each real run was taken {repeats} times, in turn; a figure is measured on the requests of "
                       "its runs pooled, and each run's own figure is in `runs`.",
                       "`steps`: each run's engine steps, as traced, against the calibration's time for the same "
@@ -147,9 +176,12 @@ def validate(calibration: Path, seed: int = 0, model: str = "small", repeats: in
                       "step kind, to the speed the host ran that deployment and rate's runs at (their traced steps "
                       "pooled; `factors`). It takes the host's drift since the profile out of the error, leaving "
                       "the simulator's own (scheduling, routing, queueing). It is fitted on the runs' steps, so it "
-                      "is not the validation's figure: `max_relative_error` is."],
+                      "is not the validation's figure: `max_relative_error` is.",
+                      "`datasheet`: every figure predicted from the device's datasheet alone (the roofline of "
+                      "`configs/devices/`, no calibration), as the simulator predicts the clusters no run here has."],
             "tables": [_table(rows), _steps_table(steps),
-                       _table(at_speed["rows"], "At the runs' own step speed: predicted against measured (ms)")]}
+                       _table(at_speed["rows"], "At the runs' own step speed: predicted against measured (ms)"),
+                       _table(datasheet["rows"], "From the device's datasheet alone: predicted against measured (ms)")]}
 
 
 Key = tuple[str, float]
@@ -165,10 +197,20 @@ def at_run_speed(calibration: Calibration, workloads: dict[float, list[SimSessio
         for (deployment, rate), runs in measured.items():
             speed = run_speed(calibration, [run.steps for run in runs], deployment != DEPLOYMENTS[0])
             calibration.scaled(speed).save(path)
-            rows += figure_rows(deployment, rate, predict(cpu_cluster(deployment, path, model), workloads[rate]),
+            rows += figure_rows(deployment, rate, predict(measured_cluster(deployment, path, model), workloads[rate]),
                                 [run.latencies for run in runs])
             factors.append({"deployment": deployment, "rate": rate, **speed})
     return {"max_relative_error": max_error(rows), "rows": rows, "factors": factors}
+
+
+def on_datasheet(workloads: dict[float, list[SimSession]], measured: dict[Key, list[RealRun]], model: str
+                 ) -> dict[str, Any]:
+    """The figures predicted on the roofline of the device's datasheet, no calibration, against the same measured
+    figures."""
+    rows = [row for (deployment, rate), runs in measured.items() for row in figure_rows(
+        deployment, rate, predict(measured_cluster(deployment, None, model), workloads[rate]),
+        [run.latencies for run in runs])]
+    return {"max_relative_error": max_error(rows), "rows": rows}
 
 
 def max_error(rows: list[dict[str, Any]]) -> float:

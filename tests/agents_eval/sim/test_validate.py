@@ -191,3 +191,42 @@ def test_the_figures_are_predicted_again_at_the_runs_own_step_speed() -> None:
     ttft = next(row for row in rows if row["figure"] == "ttft_p50_s")
     assert ttft["predicted"] >= factors["prefill"] * 0.0001 * 0.999  # each turn's prompt step, at the scaled time
     assert result["max_relative_error"] == max(row["relative_error"] for row in rows)
+
+
+@pytest.mark.parametrize(("name", "spec"), [("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"),
+                                            ("NVIDIA A100-SXM4-80GB", None)])
+def test_a_gpu_runs_on_the_spec_its_name_gives(monkeypatch: pytest.MonkeyPatch, name: str, spec: str | None) -> None:
+    import torch
+
+    from agents_eval.sim.validate import device_spec
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert device_spec("cpu") == "cpu"
+    if spec is None:  # "a100-sxm4-80gb" is no word of the spec's name: refused, not guessed
+        with pytest.raises(ValueError, match="no spec in configs/devices/ for the GPU 'nvidia a100-sxm4-80gb'"):
+            device_spec("cuda")
+    else:
+        assert device_spec("cuda") == spec
+
+
+def test_the_datasheet_prediction_runs_the_engines_device_and_dtype_without_a_calibration(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real runs' deployment, simulated on the roofline of `configs/devices/` for the engine's device: the
+    figures beside the same measured ones."""
+    from agents_eval.sim.specs import DeviceSpec
+    from agents_eval.sim.validate import measure, measured_cluster, on_datasheet
+
+    monkeypatch.setenv("AGENTSERVE_ENGINE_DTYPE", "bfloat16")
+    cluster = measured_cluster(DEPLOYMENTS[1], None, "tiny")
+    assert (cluster.calibration, cluster.dtype, [pool.device for pool in cluster.pools]) == (
+        None, "bfloat16", ["cpu", "cpu"])
+    monkeypatch.delenv("AGENTSERVE_ENGINE_DTYPE")
+    sessions = [SimSession("s", 0.0, 0, "append", (SimTurn(0.0, 24, 3, "think"), SimTurn(0.05, 8, 3, "act")))]
+    run = measure(DEPLOYMENTS[0], sessions, "tiny")
+    result = on_datasheet({0.1: sessions}, {(DEPLOYMENTS[0], 0.1): [run]}, "tiny")
+    rows = result["rows"]
+    assert [row["measured"] for row in rows] == [row["measured"] for row in figure_rows(
+        DEPLOYMENTS[0], 0.1, np.zeros((2, 2)), [run.latencies])]
+    ttft = next(row for row in rows if row["figure"] == "ttft_p50_s")
+    assert ttft["predicted"] >= DeviceSpec.load("cpu").step_overhead_s  # a step on the roofline, at the least
+    assert result["max_relative_error"] == max(row["relative_error"] for row in rows)
