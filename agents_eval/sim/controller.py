@@ -20,14 +20,15 @@ from engine.stats import mean_line
 def snapshot(gateway: Gateway) -> LoadSnapshot:
     cluster, now = gateway.cluster, gateway.cluster.env.now
     steps = [w.decode_step_s for w in cluster.workers if w.role == DECODE and w.decode_step_s is not None]
-    rates = [w.prefill_tokens_per_s for w in cluster.workers if w.role == PREFILL and w.prefill_tokens_per_s]
+    rates = ([w.prefill_tokens_per_s for w in cluster.workers if w.role == PREFILL and w.prefill_tokens_per_s]
+             or [w.prefill_tokens_per_s for w in cluster.workers if w.prefill_tokens_per_s])  # as the engine's loop
     forecast = gateway.forecaster.forecast(gateway.settings.forecast_horizon_s, now) if gateway.forecaster else None
     return LoadSnapshot(now, tuple(w.load() for w in cluster.workers),
                         tpot_s=sum(steps) / len(steps) if steps else None,
                         prefill_tokens_per_s=sum(rates) / len(rates) if rates else None,
                         forecast_prefill_tokens=forecast.prefill_tokens if forecast else 0.0,
                         forecast_decode_tokens=forecast.decode_tokens if forecast else 0.0,
-                        admitted=gateway.admitted(),
+                        admitted=gateway.admitted(), routed=gateway.routed(),
                         decode_line=mean_line([w.rates.decode_line.line() for w in cluster.workers
                                                if w.role == DECODE]))
 

@@ -22,7 +22,7 @@ from agents_eval.workloads.types import APPEND
 from engine.block_manager import HeldBlocks
 from engine.capacity.routing import Turn, place
 from engine.capacity.settings import CapacitySettings
-from engine.capacity.signals import AdmittedWork
+from engine.capacity.signals import AdmittedWork, RoutedWork
 from engine.sampling import SamplingParams
 from engine.sequence import SessionRef
 from predictor.records import TurnRecord
@@ -52,6 +52,14 @@ class Gateway:
         return AdmittedWork(sum(r.uncached_tokens for r in prompts), sum(r.output_tokens - r.tokens for r in self.live),
                             len(self.live), len(prompts))
 
+    def routed(self) -> RoutedWork:
+        """The placed prompts not yet past their first token, split by the router's gate, as the coordinator
+        reports them (`engine.capacity.signals.RoutedPrefills`)."""
+        prompts = [r for r in self.live if r.first_token_s is None]
+        return RoutedWork(sum(r.uncached_tokens for r in prompts if r.for_prefill_worker),
+                          sum(r.for_prefill_worker for r in prompts),
+                          sum(r.uncached_tokens for r in prompts if not r.for_prefill_worker))
+
     def play(self, session: SimSession, system: list[int]) -> Generator[simpy.Event, Any, None]:
         env, tokens = self.cluster.env, self.cluster.tokens
         yield env.timeout(session.start_s)
@@ -77,7 +85,7 @@ class Gateway:
         placement = place(turn, [w.load() for w in self.cluster.workers], self.settings, config.engine.block_size)
         record = RequestRecord(f"req-{next(self._ids)}", session_id, env.now, len(prompt), output_tokens,
                                turn.uncached_on(placement.decode_worker), env.event(), placement.decode_worker,
-                               placement.prefill_worker)
+                               placement.prefill_worker, placement.for_prefill_worker)
         self._observe(record, gap_s, phase)
         params = SamplingParams(max_tokens=output_tokens, ignore_eos=True, slo_class=config.slo_class)
         session = SessionRef(session_id, config.session_ttl_s) if config.session_ttl_s else None

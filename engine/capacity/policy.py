@@ -1,22 +1,25 @@
-"""The prefill/decode split: which workers change role now.
-
-Demand is measured in workers kept busy at the latency targets. Its source is the gateway's admitted work when
-the snapshot carries it (`LoadSnapshot.admitted`): the uncached prompt tokens of the prompts not yet past their
-first token, and the streams not yet finished with their expected output tokens. It is known at admission and
-retired as turns are served, so it has no statistical delay. Without it (an engine driven directly) the workers'
-queues stand in: the waiting prompt tokens and the active streams, smoothed over `demand_smoothing_s` because a
-queue bursts. Prefill: the prompt tokens, to be computed within `prefill_drain_s` (an admitted prompt keeps at
-most one worker busy: it is prefilled on one), plus the forecast prompt tokens within `forecast_horizon_s`, at
-the measured seconds per token of one worker, less the prompt tokens queued on decode workers: conditional
-disaggregation prefills them where they decode, so more prefill workers would not serve them sooner (they are
-left out rather than added to the decode demand: a worker's queue would then change sides with its role, and a
-move invite its reversal). Decode: the streams owed a token every `target_tpot_s` (an admitted stream no faster
-than its expected tokens spread over the horizon; the forecast output tokens within the horizon count as streams
-at that pace), at the workers' fitted decode line, t(b) = base + per_stream x b: spread over d workers they step
-within the target from d = per_stream x streams / (target - base) on (at most one worker a stream). The line
-makes the demand the same whatever the split; a flat seconds-per-token read of the step time at the current
-batch would say more workers the more decode has, and invite moves it cannot fill. Until the line is fitted,
-one through 0 at the measured step time over the streams per decoding worker stands in.
+"""The prefill/decode split: which workers change role now. Demand is measured in workers kept busy at the latency
+targets. Its source is the gateway's admitted work when the snapshot carries it (`LoadSnapshot.admitted`): the
+uncached prompt tokens of the prompts not yet past their first token, and the streams not yet finished with their
+expected output tokens. It is known at admission and retired as turns are served, so it has no statistical delay.
+Without it (an engine driven directly) the workers' queues stand in: the waiting prompt tokens and the active
+streams, smoothed over `demand_smoothing_s` because a queue bursts. Prefill: the prompt tokens for the prefill
+workers, to be computed within `prefill_drain_s` (a prompt keeps at most one worker busy: it is prefilled on one),
+plus the forecast prompt tokens within `forecast_horizon_s`, at the measured seconds per token of one worker. Which
+prompt tokens are the prefill workers' is the router's call (`LoadSnapshot.routed`): a placed prompt that failed
+conditional disaggregation's local gate is theirs, also while the deployment has no prefill worker (the turn is
+then prefilled where it decodes, but one more prefill worker would take it); one that passed it is prefilled where
+it decodes, and its tokens, computed within the same drain time, add to the decode workers' demand. So a workload
+whose every turn passes the gate (agent turns, a small delta on a cached history) asks for no prefill worker at
+all; its forecast prompt tokens split as the router split the recent placements' tokens (`remote_share`).
+Without the router's split, the prompt tokens queued on decode workers count for neither role. Decode: the
+streams owed a token every `target_tpot_s` (an admitted stream no faster than its expected tokens spread over the
+horizon; the forecast output tokens within the horizon count as streams at that pace), at the workers' fitted
+decode line, t(b) = base + per_stream x b: spread over d workers they step within the target from d = per_stream x
+streams / (target - base) on (at most one worker a stream). The line makes the demand the same whatever the split;
+a flat seconds-per-token read of the step time at the current batch would say more workers the more decode has, and
+invite moves it cannot fill. Until the line is fitted, one through 0 at the measured step time over the streams per
+decoding worker stands in.
 
 Hysteresis by demand margin: a worker moves to a role only while that role has more demand than workers (it
 misses its target) and, before the worker joins, more demand per worker than the giving role will have after
@@ -24,7 +27,10 @@ it leaves, by over `demand_margin`. So a split under which every role meets its 
 within the margin stays, and a move never invites its reversal at the same demand. Time adds to this only for
 reversals: a role that gained a worker within `hold_s` gives none back unless the demand clearly asks for it
 (per worker, the taking role's demand is over 1 + `demand_margin` and the giving role's, in the workers it
-keeps, under 1 - `demand_margin`). A
+keeps, under 1 - `demand_margin`). Where `min_per_role` is 0, a split may leave a role no worker: its work
+then falls on the other role's workers (no prefill worker: every turn is prefilled where it decodes), so a move
+to or from such a split is worth it when the taking role misses its target and the busiest worker's demand drops
+by over the margin. A
 phase shift event (the think/act classifier's second signal) moves one step ahead of the queue: to think, at
 least one more prefill worker (and at least round(workers x think_share) when the share is known); to act, at
 least one fewer. Each role keeps `min_per_role` workers; with no work and nothing forecast the split stays. A
@@ -88,21 +94,33 @@ def decode_workers(streams: float, line: tuple[float, float], target_tpot_s: flo
 
 
 def demand(snapshot: LoadSnapshot, settings: CapacitySettings) -> Demand:
-    horizon = settings.forecast_horizon_s
+    horizon, drain_s = settings.forecast_horizon_s, settings.prefill_drain_s
     prefill_s_per_token = 1.0 / (snapshot.prefill_tokens_per_s or settings.prefill_tokens_per_s)
-    local = sum(w.waiting_prefill_tokens for w in snapshot.workers if w.role == DECODE)
-    prefill = prefill_s_per_token * max(0, _prefill_backlog(snapshot) - local) / settings.prefill_drain_s
-    if snapshot.admitted is not None:  # one prompt is prefilled on one worker: it keeps at most that one busy
-        prefill = min(prefill, snapshot.admitted.prompts)
-    prefill += prefill_s_per_token * snapshot.forecast_prefill_tokens / horizon
+    remote, prompts, local = _prefill_split(snapshot)
+    prefill = prefill_s_per_token * remote / drain_s
+    if prompts is not None:  # one prompt is prefilled on one worker: it keeps at most that one busy
+        prefill = min(prefill, prompts)
+    share = 1.0 if snapshot.routed is None else snapshot.routed.remote_share  # forecast turns go as recent ones
+    prefill += share * prefill_s_per_token * snapshot.forecast_prefill_tokens / horizon
+    local_s = prefill_s_per_token * (local / drain_s + (1 - share) * snapshot.forecast_prefill_tokens / horizon)
     decode_tokens_per_s = _decode_owed(snapshot, settings) + snapshot.forecast_decode_tokens / horizon
     streams = decode_tokens_per_s * settings.target_tpot_s  # each owed a token every target_tpot_s
-    return Demand(prefill, decode_workers(streams, decode_line(snapshot, settings), settings.target_tpot_s))
+    decode = decode_workers(streams, decode_line(snapshot, settings), settings.target_tpot_s)
+    return Demand(prefill, decode + local_s)
 
 
-def _prefill_backlog(snapshot: LoadSnapshot) -> int:
-    """Prompt tokens to prefill, wherever: the admitted work's, else the workers' queues."""
-    return snapshot.prefill_tokens_waiting if snapshot.admitted is None else snapshot.admitted.prefill_tokens
+def _prefill_split(snapshot: LoadSnapshot) -> tuple[int, int | None, int]:
+    """(prompt tokens for the prefill workers, at most how many prompts they are, prompt tokens the decode
+    workers prefill themselves and count as their load). The router's split where it reports one; else the
+    admitted work's prompt tokens, or the workers' queues, less the prompt tokens queued on decode workers,
+    which count for neither role (a worker's queue would change sides with its role, and a move invite its
+    reversal)."""
+    routed, admitted = snapshot.routed, snapshot.admitted
+    if routed is not None:
+        return routed.remote_tokens, routed.remote_prompts, routed.local_tokens
+    queued_local = sum(w.waiting_prefill_tokens for w in snapshot.workers if w.role == DECODE)
+    backlog = snapshot.prefill_tokens_waiting if admitted is None else admitted.prefill_tokens
+    return max(0, backlog - queued_local), None if admitted is None else admitted.prompts, 0
 
 
 def _decode_owed(snapshot: LoadSnapshot, settings: CapacitySettings) -> float:
@@ -132,14 +150,27 @@ def _steps(taking_need: float, taking: int, giving_need: float, giving: int, flo
 
 
 def _worth_one_more(taking_need: float, taking: int, giving_need: float, giving_after: int, margin: float) -> bool:
-    busy = _per_worker(taking_need, taking)
-    return busy > 1.0 and busy - _per_worker(giving_need, giving_after) > margin
+    busy = _per_worker(taking_need, taking, margin)
+    if taking == 0 or giving_after == 0:  # a role with no worker, before or after (`min_per_role` 0)
+        before = _busiest(taking_need, taking, giving_need, giving_after + 1)
+        return busy > 1.0 and _busiest(taking_need, taking + 1, giving_need, giving_after) < before - margin
+    return busy > 1.0 and busy - _per_worker(giving_need, giving_after, margin) > margin
 
 
-def _per_worker(need: float, workers: int) -> float:
+def _busiest(need_a: float, a: int, need_b: float, b: int) -> float:
+    """The busiest worker's demand under a split of two roles. A role with no worker has its work done by the
+    other's: the router prefills a turn where it decodes when there is no prefill worker, and lets every worker
+    decode when there is no decode worker."""
+    if a == 0 or b == 0:
+        return (need_a + need_b) / (a + b)
+    return max(need_a / a, need_b / b)
+
+
+def _per_worker(need: float, workers: int, margin: float) -> float:
+    """A role with no worker needs one once its demand reaches the margin (a forecast's sliver is not a need)."""
     if workers > 0:
         return need / workers
-    return math.inf if need > 0 else 0.0
+    return math.inf if need >= margin else 0.0
 
 
 def _round_half_up(value: float) -> int:
@@ -251,5 +282,5 @@ def _clearly_asked(snapshot: LoadSnapshot, need: Demand, taking: str, wanted: in
     misses its target by the margin), and the giving role's, in the workers it keeps, is under 1 - margin."""
     giving = DECODE if taking == PREFILL else PREFILL
     by_role = {PREFILL: need.prefill, DECODE: need.decode}
-    return (_per_worker(by_role[taking], snapshot.count(taking)) > 1 + margin
-            and _per_worker(by_role[giving], snapshot.count(giving) - wanted) < 1 - margin)
+    return (_per_worker(by_role[taking], snapshot.count(taking), margin) > 1 + margin
+            and _per_worker(by_role[giving], snapshot.count(giving) - wanted, margin) < 1 - margin)

@@ -55,6 +55,11 @@ class Placement:
     prefill_worker: int | None  # None: prefilled locally on the decode worker
     local: bool
     reason: str
+    uncached_tokens: int = 0  # the delta to prefill, on the decode worker chosen
+    # the turn failed the local gate (its delta too large, or it would stall the decode worker's streams): it goes
+    # to a prefill worker unless the deployment has none or another rule keeps it local. The capacity controller's
+    # prefill demand is these turns'; the others are prefill work of the decode workers.
+    for_prefill_worker: bool = False
 
 
 def worker_load(worker: WorkerLoad, block_size: int) -> float:
@@ -138,22 +143,28 @@ def place(turn: Turn, workers: Sequence[WorkerLoad], settings: CapacitySettings,
     decoder = next(w for w in decoders if w.worker_id == choice.worker_id)
     small = prefill_locally(choice.uncached_tokens, turn.prompt_tokens, settings)
     if small and not stalls_decoding(decoder, choice.uncached_tokens, settings):
-        return Placement(choice.worker_id, None, True, f"local: {delta} on worker {choice.worker_id}")
+        return Placement(choice.worker_id, None, True, f"local: {delta} on worker {choice.worker_id}",
+                         choice.uncached_tokens)
     prefillers = [w for w in workers if w.role == PREFILL and w.worker_id != choice.worker_id]
+
+    def gated(prefill_worker: int | None, reason: str) -> Placement:
+        return Placement(choice.worker_id, prefill_worker, prefill_worker is None, reason, choice.uncached_tokens,
+                         for_prefill_worker=True)
+
     if not prefillers:
-        return Placement(choice.worker_id, None, True, f"local: no prefill worker; {delta}")
+        return gated(None, f"local: no prefill worker; {delta}")
     prefiller = min(prefillers, key=lambda w: (worker_load(w, block_size), w.worker_id))
     if small and not sparing_pays(turn, decoder, prefiller, choice.uncached_tokens):
-        return Placement(choice.worker_id, None, True, f"local: {delta}; prefill worker {prefiller.worker_id} "
-                         f"would compute {turn.uncached_on(prefiller.worker_id)}, longer than the stall it spares")
+        return gated(None, f"local: {delta}; prefill worker {prefiller.worker_id} would compute "
+                           f"{turn.uncached_on(prefiller.worker_id)}, longer than the stall it spares")
     if small:
         hold_ms = 1000 * choice.uncached_tokens / (decoder.stall_tokens_per_s or 1.0)
         delta += (f", too slow to prefill beside worker {choice.worker_id}'s {decoder.decode_streams} streams "
                   f"(holds them {hold_ms:.0f} ms)")
     if conditional(settings) and idle(decoder) and all(idle(w) for w in prefillers):
-        return Placement(choice.worker_id, None, True, f"local: nothing running; {delta}")
+        return gated(None, f"local: nothing running; {delta}")
     if conditional(settings) and prefill_queue_full(decoder, prefiller, settings):
-        return Placement(choice.worker_id, None, True, f"local: {delta}; prefill worker {prefiller.worker_id}'s "
-                         f"queue holds {queue_s(prefiller):.2f} s")
-    return Placement(choice.worker_id, prefiller.worker_id, False,
-                     f"remote: {delta}, prefill on worker {prefiller.worker_id}, decode on {choice.worker_id}")
+        return gated(None, f"local: {delta}; prefill worker {prefiller.worker_id}'s queue holds "
+                           f"{queue_s(prefiller):.2f} s")
+    return gated(prefiller.worker_id,
+                 f"remote: {delta}, prefill on worker {prefiller.worker_id}, decode on {choice.worker_id}")

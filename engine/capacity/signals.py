@@ -63,6 +63,54 @@ class AdmittedWork:
 
 
 @dataclass(frozen=True)
+class RoutedWork:
+    """The placed prompts not yet past their prefill, by the router's local gate (`routing.Placement`): those
+    that failed it are the prefill workers' work (or would be, where the deployment has none at the moment), the
+    others the decode workers' own. Uncached tokens, on the decode worker each was placed on."""
+
+    remote_tokens: int = 0
+    remote_prompts: int = 0
+    local_tokens: int = 0
+    remote_share: float = 1.0  # of the tokens of the recent placements (1 until any): the forecast's split
+
+
+class RoutedPrefills:
+    """The coordinator's account of `RoutedWork`: a prompt counts from its placement to its first token."""
+
+    SHARE_DECAY = 0.95  # per placement: the share follows about the last 20 placements' tokens
+
+    def __init__(self) -> None:
+        self._pending: dict[str, tuple[int, bool]] = {}  # request id -> (uncached tokens, for a prefill worker)
+        self._work = RoutedWork()
+        self._routing = False  # a placement was reported: until then nothing routes (the policy reads the queues)
+        self._recent = [0.0, 0.0]  # decayed sums of the placed tokens: for a prefill worker, all
+
+    def placed(self, request_id: str, uncached_tokens: int, for_prefill_worker: bool) -> None:
+        self.done(request_id)  # placed again (a re-run): the new placement replaces the old
+        self._routing = True
+        self._pending[request_id] = (uncached_tokens, for_prefill_worker)
+        self._recent = [self.SHARE_DECAY * self._recent[0] + for_prefill_worker * uncached_tokens,
+                        self.SHARE_DECAY * self._recent[1] + uncached_tokens]
+        self._work = self._moved(uncached_tokens, for_prefill_worker, +1)
+
+    def done(self, request_id: str) -> None:
+        """Past its prefill (its first token), finished or aborted; unknown ids are ignored."""
+        entry = self._pending.pop(request_id, None)
+        if entry is not None:
+            self._work = self._moved(*entry, -1)
+
+    def work(self) -> RoutedWork | None:
+        return self._work if self._routing else None
+
+    def _moved(self, tokens: int, for_prefill_worker: bool, sign: int) -> RoutedWork:
+        work, (gated, placed) = self._work, self._recent
+        share = gated / placed if placed else work.remote_share
+        if for_prefill_worker:
+            return RoutedWork(work.remote_tokens + sign * tokens, work.remote_prompts + sign, work.local_tokens, share)
+        return RoutedWork(work.remote_tokens, work.remote_prompts, work.local_tokens + sign * tokens, share)
+
+
+@dataclass(frozen=True)
 class LoadSnapshot:
     """The engine's load at `now`.
 
@@ -72,7 +120,8 @@ class LoadSnapshot:
     is None until measured; the policy then assumes the settings' rates. `think_share` is the phase monitor's
     think share of the recent mix (0..1) and `shift` the direction of its latest shift event within this
     interval, if any. The forecasts are the predictor's tokens expected within `forecast_horizon_s`. `admitted` is the
-    gateway's admitted work (None when nothing reports it: the policy then reads the workers' queues).
+    gateway's admitted work (None when nothing reports it: the policy then reads the workers' queues). `routed` is
+    the router's split of the placed prompts (None where nothing routes: the policy then reads the workers' queues).
     """
 
     now: float
@@ -85,6 +134,7 @@ class LoadSnapshot:
     forecast_decode_tokens: float = 0.0
     admitted: AdmittedWork | None = None
     decode_line: tuple[float, float] | None = None
+    routed: RoutedWork | None = None
 
     def __post_init__(self) -> None:
         if self.shift not in (None, "think", "act"):

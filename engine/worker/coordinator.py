@@ -105,6 +105,8 @@ class DisaggregatedEngine(WorkerQueries):
             self.parked.append(tracked)
             return
         placement = self.placer.place(tracked.session, tracked.token_ids, self._loads())
+        if self.capacity is not None:
+            self.capacity.routed.placed(tracked.request_id, placement.uncached_tokens, placement.for_prefill_worker)
         submit = m.Submit(tracked.attempt_id, tracked.token_ids, tracked.params,
                           tracked.masked_spans, session=tracked.session)
         decode = self.workers[placement.decode_worker]
@@ -147,6 +149,8 @@ class DisaggregatedEngine(WorkerQueries):
 
     def abort(self, request_id: str) -> None:
         tracked = self.tracked.pop(request_id, None)
+        if self.capacity is not None:
+            self.capacity.routed.done(request_id)
         if tracked in self.parked:
             self.parked.remove(tracked)
         if tracked is not None:
@@ -261,6 +265,8 @@ class DisaggregatedEngine(WorkerQueries):
         if tracked is None or tracked.request_id not in self.tracked:
             return None
         out = tracked.relay(raw)
+        if tracked.first_token_at is not None and self.capacity is not None:
+            self.capacity.routed.done(tracked.request_id)
         if out.finished:
             self._finished(worker, tracked, out.finish_reason)
         return out
@@ -269,6 +275,8 @@ class DisaggregatedEngine(WorkerQueries):
         del self.tracked[tracked.request_id]
         self.by_attempt.pop(tracked.attempt_id, None)
         now = time.monotonic()
+        if self.capacity is not None:
+            self.capacity.routed.done(tracked.request_id)
         if tracked.first_token_at is not None and reason != "abort" and self.capacity is not None:
             self.capacity.times.observe(tracked.first_token_at - tracked.submitted_at, now - tracked.first_token_at)
         if tracked.session is not None and reason != "abort":

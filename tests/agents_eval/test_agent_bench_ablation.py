@@ -63,6 +63,9 @@ def test_each_configuration_sets_its_switches_in_the_gateway_environment() -> No
     assert "AGENTSERVE_CAPACITY_LOCAL_PREFILL_MAX_TOKENS" not in env["routing"]
     assert env["routing"]["AGENTSERVE_CAPACITY_ENABLED"] == "false" and env["agent"]["AGENTSERVE_CAPACITY_ENABLED"] \
         == "true"
+    # the controller may leave a role without a worker; a configuration without it keeps the configured floor
+    assert env["agent"]["AGENTSERVE_CAPACITY_MIN_PER_ROLE"] == "0" and "AGENTSERVE_CAPACITY_MIN_PER_ROLE" not in \
+        env["routing"]
 
 
 def test_configs_option_takes_the_named_set_and_rejects_unknown_names(capsys: pytest.CaptureFixture[str]) -> None:

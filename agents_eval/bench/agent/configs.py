@@ -43,6 +43,8 @@ class BenchConfig:
                "AGENTSERVE_TRAJECTORY_MASKS__ENABLED": _flag(self.pruning)}
         if self.disaggregated:
             env["AGENTSERVE_CAPACITY_ENABLED"] = _flag(self.controller)
+        if self.controller:  # the router's split tells it when a role has no work: it may leave one no worker
+            env["AGENTSERVE_CAPACITY_MIN_PER_ROLE"] = "0"
         if self.disaggregated and not self.routing:  # DistServe: every prompt prefilled remotely, load-only routing
             env |= {"AGENTSERVE_CAPACITY_LOCAL_PREFILL_MAX_TOKENS": "0",
                     "AGENTSERVE_CAPACITY_LOCAL_PREFILL_MAX_UNCACHED_SHARE": "0",

@@ -14,7 +14,15 @@ from hypothesis import strategies as st
 
 from engine.capacity.policy import CapacityPolicy, Decision, Demand, Move, demand
 from engine.capacity.settings import CapacitySettings
-from engine.capacity.signals import DECODE, PREFILL, AdmittedWork, LoadSnapshot, WorkerLoad
+from engine.capacity.signals import (
+    DECODE,
+    PREFILL,
+    AdmittedWork,
+    LoadSnapshot,
+    RoutedPrefills,
+    RoutedWork,
+    WorkerLoad,
+)
 
 P, D = PREFILL, DECODE
 
@@ -133,6 +141,22 @@ def test_a_move_never_invites_its_reversal_at_the_same_demand(roles: str, waitin
         assert then == ()
 
 
+@settings(max_examples=300, deadline=None)
+@given(roles=st.text("PD", min_size=1, max_size=6), remote=st.integers(0, 80000), local=st.integers(0, 20000),
+       streams=st.integers(0, 120), floor=st.sampled_from([0, 1]))
+def test_with_the_routers_split_no_move_invites_its_reversal(roles: str, remote: int, local: int, streams: int,
+                                                             floor: int) -> None:
+    """The router's split does not change with the roles: whatever the split and the floor, the next decision at
+    the same demand moves nothing back (a role left with no worker included)."""
+    policy = CapacityPolicy(CapacitySettings(demand_smoothing_s=0, hold_s=0, min_per_role=floor))
+    routed = RoutedWork(remote, -(-remote // 4000), local)
+    before = snapshot(roles, streams=streams if "D" in roles else 0, routed=routed,
+                      admitted=AdmittedWork(decode_tokens=40 * streams, streams=streams))
+    first = policy.decide(before)
+    then = policy.decide(apply(before, first)).moves
+    assert {m.role for m in then} <= {m.role for m in first.moves}
+
+
 def test_prompts_queued_on_decode_workers_are_not_prefill_demand(policy: CapacityPolicy) -> None:
     """Conditional disaggregation prefilled 24,000 of the 30,000 admitted prompt tokens where they decode: more
     prefill workers would not serve those sooner."""
@@ -240,3 +264,56 @@ def test_admitted_work_adds_up_and_cannot_go_negative() -> None:
     assert work == AdmittedWork(150, 80, 3, 2) and work - AdmittedWork(150, 0, 0, 2) == AdmittedWork(0, 80, 3, 0)
     with pytest.raises(ValueError, match="negative"):
         AdmittedWork(10) - AdmittedWork(20)
+
+
+def test_routed_prompts_split_the_prefill_work_between_the_roles() -> None:
+    """The router's split replaces the queues': its gated prompts are the prefill workers' demand (at most one
+    worker each), its local ones add to the decode workers' at the same seconds per token and drain time."""
+    settings = CapacitySettings()
+    workers = (WorkerLoad(0, P, 0, 0), WorkerLoad(1, D, 1, 40000))  # its queue would say otherwise
+    local_only = demand(LoadSnapshot(10.0, workers, routed=RoutedWork(local_tokens=5000)), settings)
+    assert local_only.prefill == 0 and local_only.decode == pytest.approx(5000 / 10000 / 0.5)
+    gated = demand(LoadSnapshot(10.0, workers, routed=RoutedWork(remote_tokens=30000, remote_prompts=2)), settings)
+    assert gated.prefill == pytest.approx(2.0) and gated.decode == 0
+    # the forecast prompt tokens split as the recent placements did: a quarter of their tokens went to prefill
+    forecast = demand(LoadSnapshot(10.0, workers, forecast_prefill_tokens=8000, routed=RoutedWork(remote_share=0.25)),
+                      settings)
+    assert (forecast.prefill, forecast.decode) == pytest.approx((0.2, 0.6))  # 2,000 and 6,000 tokens over 1 s
+
+
+def test_a_workload_of_local_turns_gives_the_prefill_worker_to_decode() -> None:
+    """With `min_per_role` 0: every turn passes the local gate, so the prefill worker has nothing to do while decode
+    misses its target; it moves. A turn that fails the gate then falls on the decode workers, and stays there while
+    decode is the busier; a shift to think brings a prefill worker back ahead of the queue."""
+    policy = CapacityPolicy(CapacitySettings(demand_smoothing_s=0, min_per_role=0))
+    agent_turns = snapshot("PD", streams=30, admitted=AdmittedWork(decode_tokens=3000, streams=30, prompts=4,
+                                                                    prefill_tokens=800),
+                           routed=RoutedWork(local_tokens=800))
+    to_decode = policy.decide(agent_turns)
+    assert (to_decode.prefill, to_decode.decode, to_decode.moves) == (0, 2, (Move(0, D),))
+    assert policy.decide(replace(apply(agent_turns, to_decode), now=10.1)).moves == ()  # and it stays
+    large = replace(apply(agent_turns, to_decode), now=12.1, routed=RoutedWork(4000, 1, 800))
+    assert policy.decide(large).moves == ()  # 0.8 workers of prefill on two decode workers, not 3.2 of decode on one
+    think = policy.decide(replace(large, shift="think"))
+    assert (think.prefill, think.decode, think.moves) == (1, 1, (Move(0, P),))
+
+
+def test_the_router_reports_a_prompt_from_its_placement_to_its_first_token() -> None:
+    routed = RoutedPrefills()
+    assert routed.work() is None  # nothing placed: nothing routes here, the policy reads the queues
+    routed.placed("a", 2048, True)
+    routed.placed("b", 64, False)
+    routed.placed("c", 32, False)
+    share = 0.95 ** 2 * 2048 / (0.95 ** 2 * 2048 + 0.95 * 64 + 32)  # the recent placements' tokens, decayed
+    assert routed.work() == RoutedWork(remote_tokens=2048, remote_prompts=1, local_tokens=96,
+                                       remote_share=pytest.approx(share))
+    routed.placed("a", 100, False)  # re-run after its worker died: placed again, small this time
+    routed.done("b")
+    routed.done("b")  # its later outputs, and unknown ids, change nothing
+    routed.done("unknown")
+    assert routed.work() == RoutedWork(local_tokens=132, remote_share=pytest.approx(share * (1 - 100 / (
+        0.95 * (0.95 ** 2 * 2048 + 0.95 * 64 + 32) + 100))))
+    routed.done("a")
+    routed.done("c")
+    work = routed.work()
+    assert work is not None and (work.remote_tokens, work.remote_prompts, work.local_tokens) == (0, 0, 0)

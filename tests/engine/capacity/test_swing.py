@@ -11,6 +11,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from engine.capacity.routing import prefill_locally
 from engine.capacity.settings import CapacitySettings
 from engine.stats import AgentSignals
 from engine.worker import messages as m
@@ -47,8 +48,8 @@ class Clock:
 class Swing:
     """Four workers (two per role at the start) under the capacity loop, fed by an admission ledger."""
 
-    def __init__(self, report_admitted: bool = True) -> None:
-        self.clock = Clock()
+    def __init__(self, report_admitted: bool = True, place: bool = True) -> None:
+        self.clock, self.place = Clock(), place
         self.workers = [WorkerHandle(i, m.PREFILL if i < 2 else m.DECODE, None, None)  # type: ignore[arg-type]
                         for i in range(4)]  # no process: the loop only reads and re-roles them
         self.loop = CapacityLoop(CapacitySettings(), self.workers, self.set_role)
@@ -57,6 +58,10 @@ class Swing:
             self.ledger.subscribe(self.send_admitted)
         self.queue: list[tuple[float, int, Callable[[], None]]] = []
         self.order = itertools.count()
+
+    def first_token(self, request_id: str) -> None:
+        self.loop.routed.done(request_id)
+        self.ledger.on_first_token(request_id)
 
     def set_role(self, worker_id: int, role: str) -> None:
         self.workers[worker_id].role = role
@@ -70,8 +75,12 @@ class Swing:
         heapq.heappush(self.queue, (when, next(self.order), action))
 
     def admit(self, request_id: str, turn: Turn) -> None:
+        """Admitted, then placed by the coordinator: a fresh prompt, all uncached, through the router's gate."""
         self.ledger.on_admit(request_id, turn.prompt_tokens, turn.output_tokens)
-        self.at(self.clock.now + turn.first_token_s, lambda: self.ledger.on_first_token(request_id))
+        if self.place:
+            gated = not prefill_locally(turn.prompt_tokens, turn.prompt_tokens, self.loop.settings)
+            self.loop.routed.placed(request_id, turn.prompt_tokens, gated)
+        self.at(self.clock.now + turn.first_token_s, lambda: self.first_token(request_id))
         self.at(self.clock.now + turn.done_s, lambda: self.ledger.on_finish(request_id))
 
     def run(self) -> None:
@@ -108,6 +117,6 @@ def test_the_split_follows_each_shift_within_the_bound_and_not_its_minority_turn
 
 def test_without_the_admitted_work_the_loop_reads_the_queues() -> None:
     """Idle workers report empty queues: no admitted work, no demand, no move."""
-    swing = Swing(report_admitted=False)
+    swing = Swing(report_admitted=False, place=False)
     swing.run()
     assert swing.loop.moves == 0 and swing.loop.signals.admitted is None
