@@ -99,10 +99,6 @@ def config_notes(report: Mapping[str, Any]) -> list[str]:
                      "configuration that falls behind reaches fewer turns before the run ends.")
     changes = ", ".join(f"{name} {figures['role_changes']}" for name, figures in configs.items())
     lines.append(f"Changes of the prefill/decode split seen during the run (polled every 0.25 s): {changes}.")
-    if any(set(f["split"].values()) == {1} and len(f["split"]) == 2 for f in configs.values()):
-        lines.append("With one prefill and one decode worker the capacity controller has nothing to move (it keeps "
-                     "min_per_role workers per role): add workers, e.g. --env AGENTSERVE_DEPLOYMENT_DECODE=3, to "
-                     "see role shifts.")
     for name, figures in configs.items():
         if CONFIGS[name].disaggregated and "colocated" in figures["split"]:
             lines.append(f"{name} ran on a colocated engine: this gateway ignored AGENTSERVE_DISAGGREGATED=true.")
