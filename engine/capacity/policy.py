@@ -6,10 +6,10 @@ Without it (an engine driven directly) the workers' queues stand in: the waiting
 streams, smoothed over `demand_smoothing_s` because a queue bursts. Prefill: the prompt tokens for the prefill
 workers, to be computed within `prefill_drain_s` (a prompt keeps at most one worker busy: it is prefilled on one),
 plus the forecast prompt tokens within `forecast_horizon_s`, at the measured seconds per token of one worker. Which
-prompt tokens are the prefill workers' is the router's call (`LoadSnapshot.routed`): a placed prompt that failed
-conditional disaggregation's local gate is theirs, also while the deployment has no prefill worker (the turn is
-then prefilled where it decodes, but one more prefill worker would take it); one that passed it is prefilled where
-it decodes, and its tokens, computed within the same drain time, add to the decode workers' demand. So a workload
+prompt tokens are the prefill workers' is the router's call (`LoadSnapshot.routed`): a placed prompt that a
+prefill worker computes is theirs, and so is one a prefill worker would take where the deployment has none (it
+failed conditional disaggregation's local gate, and the deployment is not idle); any other is prefilled where it
+decodes, and its tokens, computed within the same drain time, add to the decode workers' demand. So a workload
 whose every turn passes the gate (agent turns, a small delta on a cached history) asks for no prefill worker at
 all; its forecast prompt tokens split as the router split the recent placements' tokens (`remote_share`).
 Without the router's split, the prompt tokens queued on decode workers count for neither role. Decode: the
@@ -28,9 +28,9 @@ within the margin stays, and a move never invites its reversal at the same deman
 reversals: a role that gained a worker within `hold_s` gives none back unless the demand clearly asks for it
 (per worker, the taking role's demand is over 1 + `demand_margin` and the giving role's, in the workers it
 keeps, under 1 - `demand_margin`). Where `min_per_role` is 0, a split may leave a role no worker: its work
-then falls on the other role's workers (no prefill worker: every turn is prefilled where it decodes), so a move
-to or from such a split is worth it when the taking role misses its target and the busiest worker's demand drops
-by over the margin. A
+then falls on the other role's workers (no prefill worker: every turn is prefilled where it decodes), so for a
+move that empties a role, the giving role's demand after it is both roles' demand over the taking role's workers.
+A role with no worker counts as its demand per worker what its first one would have. A
 phase shift event (the think/act classifier's second signal) moves one step ahead of the queue: to think, at
 least one more prefill worker (and at least round(workers x think_share) when the share is known); to act, at
 least one fewer. Each role keeps `min_per_role` workers; with no work and nothing forecast the split stays. A
@@ -150,27 +150,16 @@ def _steps(taking_need: float, taking: int, giving_need: float, giving: int, flo
 
 
 def _worth_one_more(taking_need: float, taking: int, giving_need: float, giving_after: int, margin: float) -> bool:
-    busy = _per_worker(taking_need, taking, margin)
-    if taking == 0 or giving_after == 0:  # a role with no worker, before or after (`min_per_role` 0)
-        before = _busiest(taking_need, taking, giving_need, giving_after + 1)
-        return busy > 1.0 and _busiest(taking_need, taking + 1, giving_need, giving_after) < before - margin
-    return busy > 1.0 and busy - _per_worker(giving_need, giving_after, margin) > margin
+    busy = taking_need / taking if taking else taking_need  # a role with no worker: what its first one would have
+    if giving_after == 0:  # the giving role is left no worker: its work falls on the taking role's (min_per_role 0)
+        return busy > 1.0 and busy - (taking_need + giving_need) / (taking + 1) > margin
+    return busy > 1.0 and busy - giving_need / giving_after > margin
 
 
-def _busiest(need_a: float, a: int, need_b: float, b: int) -> float:
-    """The busiest worker's demand under a split of two roles. A role with no worker has its work done by the
-    other's: the router prefills a turn where it decodes when there is no prefill worker, and lets every worker
-    decode when there is no decode worker."""
-    if a == 0 or b == 0:
-        return (need_a + need_b) / (a + b)
-    return max(need_a / a, need_b / b)
-
-
-def _per_worker(need: float, workers: int, margin: float) -> float:
-    """A role with no worker needs one once its demand reaches the margin (a forecast's sliver is not a need)."""
+def _per_worker(need: float, workers: int) -> float:
     if workers > 0:
         return need / workers
-    return math.inf if need >= margin else 0.0
+    return math.inf if need > 0 else 0.0
 
 
 def _round_half_up(value: float) -> int:
@@ -282,5 +271,5 @@ def _clearly_asked(snapshot: LoadSnapshot, need: Demand, taking: str, wanted: in
     misses its target by the margin), and the giving role's, in the workers it keeps, is under 1 - margin."""
     giving = DECODE if taking == PREFILL else PREFILL
     by_role = {PREFILL: need.prefill, DECODE: need.decode}
-    return (_per_worker(by_role[taking], snapshot.count(taking), margin) > 1 + margin
-            and _per_worker(by_role[giving], snapshot.count(giving) - wanted, margin) < 1 - margin)
+    return (_per_worker(by_role[taking], snapshot.count(taking)) > 1 + margin
+            and _per_worker(by_role[giving], snapshot.count(giving) - wanted) < 1 - margin)

@@ -56,9 +56,9 @@ class Placement:
     local: bool
     reason: str
     uncached_tokens: int = 0  # the delta to prefill, on the decode worker chosen
-    # the turn failed the local gate (its delta too large, or it would stall the decode worker's streams): it goes
-    # to a prefill worker unless the deployment has none or another rule keeps it local. The capacity controller's
-    # prefill demand is these turns'; the others are prefill work of the decode workers.
+    # a prefill worker computes it, or would if the deployment had one (the turn failed the local gate and nothing
+    # else keeps it local). The capacity controller's prefill demand is these turns'; the others are prefill work
+    # of the decode workers.
     for_prefill_worker: bool = False
 
 
@@ -147,24 +147,23 @@ def place(turn: Turn, workers: Sequence[WorkerLoad], settings: CapacitySettings,
                          choice.uncached_tokens)
     prefillers = [w for w in workers if w.role == PREFILL and w.worker_id != choice.worker_id]
 
-    def gated(prefill_worker: int | None, reason: str) -> Placement:
-        return Placement(choice.worker_id, prefill_worker, prefill_worker is None, reason, choice.uncached_tokens,
-                         for_prefill_worker=True)
+    def local(reason: str, for_prefill_worker: bool = False) -> Placement:
+        return Placement(choice.worker_id, None, True, reason, choice.uncached_tokens, for_prefill_worker)
 
-    if not prefillers:
-        return gated(None, f"local: no prefill worker; {delta}")
+    if not prefillers:  # one would take it, unless the deployment is idle (the rule below)
+        return local(f"local: no prefill worker; {delta}", not (conditional(settings) and idle(decoder)))
     prefiller = min(prefillers, key=lambda w: (worker_load(w, block_size), w.worker_id))
     if small and not sparing_pays(turn, decoder, prefiller, choice.uncached_tokens):
-        return gated(None, f"local: {delta}; prefill worker {prefiller.worker_id} would compute "
-                           f"{turn.uncached_on(prefiller.worker_id)}, longer than the stall it spares")
+        return local(f"local: {delta}; prefill worker {prefiller.worker_id} would compute "
+                     f"{turn.uncached_on(prefiller.worker_id)}, longer than the stall it spares")
     if small:
         hold_ms = 1000 * choice.uncached_tokens / (decoder.stall_tokens_per_s or 1.0)
         delta += (f", too slow to prefill beside worker {choice.worker_id}'s {decoder.decode_streams} streams "
                   f"(holds them {hold_ms:.0f} ms)")
     if conditional(settings) and idle(decoder) and all(idle(w) for w in prefillers):
-        return gated(None, f"local: nothing running; {delta}")
+        return local(f"local: nothing running; {delta}")
     if conditional(settings) and prefill_queue_full(decoder, prefiller, settings):
-        return gated(None, f"local: {delta}; prefill worker {prefiller.worker_id}'s queue holds "
-                           f"{queue_s(prefiller):.2f} s")
-    return gated(prefiller.worker_id,
-                 f"remote: {delta}, prefill on worker {prefiller.worker_id}, decode on {choice.worker_id}")
+        return local(f"local: {delta}; prefill worker {prefiller.worker_id}'s queue holds {queue_s(prefiller):.2f} s")
+    return Placement(choice.worker_id, prefiller.worker_id, False,
+                     f"remote: {delta}, prefill on worker {prefiller.worker_id}, decode on {choice.worker_id}",
+                     choice.uncached_tokens, for_prefill_worker=True)

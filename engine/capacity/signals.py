@@ -64,9 +64,9 @@ class AdmittedWork:
 
 @dataclass(frozen=True)
 class RoutedWork:
-    """The placed prompts not yet past their prefill, by the router's local gate (`routing.Placement`): those
-    that failed it are the prefill workers' work (or would be, where the deployment has none at the moment), the
-    others the decode workers' own. Uncached tokens, on the decode worker each was placed on."""
+    """The placed prompts not yet past their prefill, split by `routing.Placement.for_prefill_worker`: the prefill
+    workers' work (or what would be, where the deployment has none at the moment), and the decode workers' own.
+    Uncached tokens, on the decode worker each was placed on."""
 
     remote_tokens: int = 0
     remote_prompts: int = 0

@@ -151,12 +151,14 @@ def test_a_large_delta_is_prefilled_where_it_decodes_when_the_prefill_queue_is_l
 
 
 def test_a_placement_says_whether_the_turn_is_the_prefill_workers_work() -> None:
-    """The local gate decides it, not whether a prefill worker took the turn: a large delta is theirs also where
-    there is none or a rule kept it local, and a small one is the decode worker's own."""
+    """A prefill worker's work is a turn one computes, or would where the deployment has none; a small delta, or
+    a large one an idle deployment keeps where it decodes, is the decode worker's own."""
     small = place(SESSION_TURN, [prefiller(0), decoder(1, 3), decoder(2)], SETTINGS, BLOCK)
     assert (small.for_prefill_worker, small.uncached_tokens) == (False, 64)
     remote = place(Turn(2048), [prefiller(0, 1), decoder(1, 1), decoder(2, 1)], SETTINGS, BLOCK)
     assert (remote.prefill_worker, remote.for_prefill_worker, remote.uncached_tokens) == (0, True, 2048)
-    for workers in ([decoder(1, 1), decoder(2, 1)], [prefiller(0), decoder(1), decoder(2)]):  # none; idle
-        kept = place(Turn(2048), workers, SETTINGS, BLOCK)
-        assert (kept.local, kept.for_prefill_worker, kept.uncached_tokens) == (True, True, 2048)
+    none = place(Turn(2048), [decoder(1, 1), decoder(2, 1)], SETTINGS, BLOCK)
+    assert (none.local, none.for_prefill_worker, none.uncached_tokens) == (True, True, 2048)
+    for idle_workers in ([decoder(1), decoder(2)], [prefiller(0), decoder(1), decoder(2)]):
+        kept = place(Turn(2048), idle_workers, SETTINGS, BLOCK)
+        assert (kept.local, kept.for_prefill_worker) == (True, False)
