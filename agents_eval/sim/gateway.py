@@ -22,7 +22,7 @@ from agents_eval.workloads.types import APPEND
 from engine.block_manager import HeldBlocks
 from engine.capacity.routing import Turn, place
 from engine.capacity.settings import CapacitySettings
-from engine.capacity.signals import AdmittedWork, RoutedWork
+from engine.capacity.signals import AdmittedWork, RoutedPrefills, RoutedWork
 from engine.sampling import SamplingParams
 from engine.sequence import SessionRef
 from predictor.records import TurnRecord
@@ -41,6 +41,7 @@ class Gateway:
     forecaster: Any = None  # predictor.forecast.LoadForecaster, when the config asks for it
     homes: dict[str, Home] = field(default_factory=dict)
     live: set[RequestRecord] = field(default_factory=set)
+    prefills: RoutedPrefills = field(default_factory=RoutedPrefills)  # the coordinator's account, kept the same way
     _ids: itertools.count = field(default_factory=itertools.count)
 
     def __post_init__(self) -> None:
@@ -52,13 +53,13 @@ class Gateway:
         return AdmittedWork(sum(r.uncached_tokens for r in prompts), sum(r.output_tokens - r.tokens for r in self.live),
                             len(self.live), len(prompts))
 
-    def routed(self) -> RoutedWork:
-        """The placed prompts not yet past their first token, split by the router's gate, as the coordinator
-        reports them (`engine.capacity.signals.RoutedPrefills`)."""
-        prompts = [r for r in self.live if r.first_token_s is None]
-        return RoutedWork(sum(r.uncached_tokens for r in prompts if r.for_prefill_worker),
-                          sum(r.for_prefill_worker for r in prompts),
-                          sum(r.uncached_tokens for r in prompts if not r.for_prefill_worker))
+    def routed(self) -> RoutedWork | None:
+        """The router's split of the placed prompts not yet past their first token, as the coordinator reports it:
+        the prompts a worker gave a first token since the last look are done."""
+        for record in self.live:
+            if record.first_token_s is not None:
+                self.prefills.done(record.request_id)
+        return self.prefills.work()
 
     def play(self, session: SimSession, system: list[int]) -> Generator[simpy.Event, Any, None]:
         env, tokens = self.cluster.env, self.cluster.tokens
@@ -85,7 +86,8 @@ class Gateway:
         placement = place(turn, [w.load() for w in self.cluster.workers], self.settings, config.engine.block_size)
         record = RequestRecord(f"req-{next(self._ids)}", session_id, env.now, len(prompt), output_tokens,
                                turn.uncached_on(placement.decode_worker), env.event(), placement.decode_worker,
-                               placement.prefill_worker, placement.for_prefill_worker)
+                               placement.prefill_worker)
+        self.prefills.placed(record.request_id, placement.uncached_tokens, placement.for_prefill_worker)
         self._observe(record, gap_s, phase)
         params = SamplingParams(max_tokens=output_tokens, ignore_eos=True, slo_class=config.slo_class)
         session = SessionRef(session_id, config.session_ttl_s) if config.session_ttl_s else None
@@ -123,6 +125,7 @@ class Gateway:
 
     def _finished(self, record: RequestRecord) -> None:
         self.live.discard(record)
+        self.prefills.done(record.request_id)
         self.cluster.log.requests.append(record)
         self.homes[record.session_id] = Home(record.decode_worker, record.prompt_tokens + record.tokens)
 

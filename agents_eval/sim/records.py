@@ -18,7 +18,6 @@ class RequestRecord:
     done: simpy.Event
     decode_worker: int = 0
     prefill_worker: int | None = None
-    for_prefill_worker: bool = False  # failed the router's local gate (`routing.Placement.for_prefill_worker`)
     first_token_s: float | None = None
     last_token_s: float | None = None
     tokens: int = 0

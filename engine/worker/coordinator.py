@@ -264,9 +264,10 @@ class DisaggregatedEngine(WorkerQueries):
         tracked = self.by_attempt.get(raw.request_id)
         if tracked is None or tracked.request_id not in self.tracked:
             return None
+        prefilling = tracked.first_token_at is None
         out = tracked.relay(raw)
-        if tracked.first_token_at is not None and self.capacity is not None:
-            self.capacity.routed.done(tracked.request_id)
+        if prefilling and tracked.first_token_at is not None and self.capacity is not None:
+            self.capacity.routed.done(tracked.request_id)  # past its prefill
         if out.finished:
             self._finished(worker, tracked, out.finish_reason)
         return out
