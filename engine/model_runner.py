@@ -46,6 +46,7 @@ class ModelRunner:
             # (no cuDNN) 0.37 s. Flash and memory-efficient attention take any length.
             torch.backends.cuda.enable_cudnn_sdp(False)
         self.batch_decodes = self.device.type != "cpu"  # see attention.DecodeBatch
+        self._block_offsets = torch.arange(block_size)
         self.sampler = Sampler()
         self.kv_caches = [
             new_kv_cache(num_blocks * block_size, config.num_key_value_heads, config.head_dim, dtype, device)
@@ -100,9 +101,11 @@ class ModelRunner:
         cache.index_copy_(1, slots, kv.to(device=cache.device, dtype=cache.dtype))
 
     def _slots(self, block_ids: list[int], start: int, end: int) -> torch.Tensor:
-        positions = torch.arange(start, end)
-        table = torch.tensor(block_ids, dtype=torch.long)
-        return table[positions // self.block_size] * self.block_size + positions % self.block_size
+        """The cache slots of positions start..end: block b's slots are b x block_size + 0..block_size."""
+        first, last = start // self.block_size, -(-end // self.block_size)
+        table = torch.tensor(block_ids[first:last], dtype=torch.long).unsqueeze(1)
+        offset = first * self.block_size
+        return (table * self.block_size + self._block_offsets).view(-1)[start - offset:end - offset]
 
     def _prepare(self, entries: list[_Entry]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         ids: list[int] = []
@@ -116,7 +119,7 @@ class ModelRunner:
             positions.append(torch.arange(start, end))
             context = self._slots(entry.block_ids, 0, end)
             slot_mapping.append(context[start:])
-            spans.append(QuerySpan(len(ids) - entry.num_new, entry.num_new, context, _mask(entry.seq, start, end)))
+            spans.append(QuerySpan(len(ids) - entry.num_new, entry.num_new, *_attended(entry.seq, start, end, context)))
         meta = AttentionMetadata(torch.cat(slot_mapping), spans,
                                  decode_batch=DecodeBatch.of(spans) if self.batch_decodes else None)
         to = self.device
@@ -127,8 +130,17 @@ def _spans(seq: Sequence) -> list[tuple[int, int, int]]:
     return [(span.start, span.end, span.from_position) for span in seq.masked_spans]
 
 
-def _mask(seq: Sequence, start: int, end: int) -> torch.Tensor | None:
-    """None where attention needs no explicit mask: a fresh prefill (causal) or a plain decode (all)."""
-    if seq.masked_spans:
-        return span_mask(start, end - start, _spans(seq))
-    return None if end - start == 1 else causal_mask(start, end - start)
+def _attended(seq: Sequence, start: int, end: int, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The context slots the queries at positions start..end attend to, and their mask (None: none needed, a
+    fresh prefill's causal one aside). A history mask shrinks attention rather than adding a mask to it: the
+    tokens every query of the chunk skips (a span masked from the chunk's start or before) are left out of its
+    context, so a decode step's query attends to the rest unmasked."""
+    if not seq.masked_spans:
+        return context, None if end - start == 1 else causal_mask(start, end - start)
+    visible = torch.ones(end, dtype=torch.bool)
+    for span in seq.masked_spans:
+        if span.from_position <= start:  # a query always sees itself: only columns before the chunk go
+            visible[span.start:min(span.end, start)] = False
+    if end - start == 1:
+        return context[visible], None
+    return context[visible], span_mask(start, end - start, _spans(seq))[:, visible]

@@ -30,7 +30,10 @@ reversals: a role that gained a worker within `hold_s` gives none back unless th
 keeps, under 1 - `demand_margin`). Where `min_per_role` is 0, a split may leave a role no worker: its work
 then falls on the other role's workers (no prefill worker: every turn is prefilled where it decodes), so for a
 move that empties a role, the giving role's demand after it is both roles' demand over the taking role's workers.
-A role with no worker counts as its demand per worker what its first one would have. A
+A role with no worker takes one back when it has work of its own (over `demand_margin`) and the giving role meets
+its target without that worker (under 1 - `demand_margin` per worker): the split disaggregates again once it can
+afford to, and never while both roles are overloaded, where a move would only trade one role's misses for the
+other's. The two rules cannot undo each other: emptying a role needs the other over its target. A
 phase shift event (the think/act classifier's second signal) moves one step ahead of the queue: to think, at
 least one more prefill worker (and at least round(workers x think_share) when the share is known); to act, at
 least one fewer. Each role keeps `min_per_role` workers; with no work and nothing forecast the split stays. A
@@ -150,8 +153,10 @@ def _steps(taking_need: float, taking: int, giving_need: float, giving: int, flo
 
 
 def _worth_one_more(taking_need: float, taking: int, giving_need: float, giving_after: int, margin: float) -> bool:
-    busy = taking_need / taking if taking else taking_need  # a role with no worker: what its first one would have
-    if giving_after == 0:  # the giving role is left no worker: its work falls on the taking role's (min_per_role 0)
+    if taking == 0:  # its work runs beside the giving role's on the giving role's workers (min_per_role 0)
+        return giving_after > 0 and taking_need > margin and giving_need / giving_after < 1.0 - margin
+    busy = taking_need / taking
+    if giving_after == 0:  # the giving role is left no worker: its work falls on the taking role's
         return busy > 1.0 and busy - (taking_need + giving_need) / (taking + 1) > margin
     return busy > 1.0 and busy - giving_need / giving_after > margin
 

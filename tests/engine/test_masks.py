@@ -12,7 +12,9 @@ from engine.attention import span_mask
 from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine
 from engine.mask import MaskedSpan
+from engine.model_runner import _attended
 from engine.sampling import SamplingParams
+from engine.sequence import Sequence
 
 PROMPT_LEN = 40
 STEPS = 6
@@ -102,3 +104,24 @@ def test_a_step_s_mask_is_the_reference_mask_s_rows_of_its_queries(shape: str, n
         end = num_computed + query_len
         mask = span_mask(num_computed, query_len, [(s.start, s.end, s.from_position) for s in spans])
         assert torch.equal(mask, reference[num_computed:end, :end]), (num_computed, query_len)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("num_computed", [0, 1, 17, PROMPT_LEN - 1, PROMPT_LEN + 3])
+def test_a_step_attends_only_to_what_some_query_of_it_sees(shape: str, num_computed: int) -> None:
+    """Masks shrink attention: the columns every query of a step skips are left out of its context (a decode
+    token's then needs no mask), and its mask is the reference's rows over the columns kept."""
+    spans = [*SHAPES[shape], MaskedSpan(30, 38, 33)]
+    reference = reference_mask(PROMPT_LEN + 4, spans)
+    seq = Sequence("r", list(range(3, 3 + PROMPT_LEN + 4)), SamplingParams(), masked_spans=tuple(spans))
+    slots = torch.arange(100, 100 + PROMPT_LEN + 4)  # position p's cache slot is 100 + p
+    for query_len in {1, 3, PROMPT_LEN + 4 - num_computed}:
+        end = min(num_computed + query_len, PROMPT_LEN + 4)
+        context, mask = _attended(seq, num_computed, end, slots[:end])
+        rows = reference[num_computed:end, :end]
+        seen = rows.any(dim=0)
+        assert context.tolist() == (100 + torch.nonzero(seen).flatten()).tolist(), (num_computed, query_len)
+        if end - num_computed == 1:
+            assert mask is None
+        else:
+            assert mask is not None and torch.equal(mask, rows[:, seen])

@@ -298,6 +298,24 @@ def test_a_workload_of_local_turns_gives_the_prefill_worker_to_decode() -> None:
     assert (think.prefill, think.decode, think.moves) == (1, 1, (Move(0, P),))
 
 
+def test_a_role_with_no_worker_takes_one_back_only_when_the_other_can_spare_it() -> None:
+    """With `min_per_role` 0 and no prefill worker, the gated prompts run on the decode workers: one worker goes
+    back to prefill once decode meets its target on the rest, never while both roles are over theirs (at an
+    overload a move only trades one role's misses for the other's)."""
+    policy = CapacityPolicy(CapacitySettings(demand_smoothing_s=0, hold_s=0, min_per_role=0))
+
+    def load(streams: int, gated_tokens: int, prompts: int) -> LoadSnapshot:
+        return snapshot("DD", streams=streams, routed=RoutedWork(gated_tokens, prompts),
+                        admitted=AdmittedWork(decode_tokens=100 * streams, streams=streams))
+
+    light = policy.decide(load(streams=5, gated_tokens=5000, prompts=2))  # prefill 1.0 workers, decode 0.5
+    assert (light.prefill, light.decode, light.moves) == (1, 1, (Move(1, P),))
+    assert policy.decide(apply(load(5, 5000, 2), light)).moves == ()  # and it stays
+    for streams in (10, 30):  # decode needs both (1.0), or is over its target on both (3.0): no move
+        assert policy.decide(load(streams, gated_tokens=20000, prompts=4)).moves == ()
+    assert policy.decide(load(streams=5, gated_tokens=1000, prompts=1)).moves == ()  # 0.2 workers: within the margin
+
+
 def test_the_router_reports_a_prompt_from_its_placement_to_its_first_token() -> None:
     routed = RoutedPrefills()
     assert routed.work() is None  # nothing placed: nothing routes here, the policy reads the queues
