@@ -112,18 +112,31 @@ class ModelRunner:
         positions: list[torch.Tensor] = []
         slot_mapping: list[torch.Tensor] = []
         spans: list[QuerySpan] = []
-        for entry in entries:
+        for entry, context in zip(entries, self._contexts(entries), strict=True):
             start = entry.seq.num_computed_tokens
             end = start + entry.num_new
-            ids.extend(entry.seq.all_token_ids[start:end])
+            ids.extend(entry.seq.token_ids(start, end))
             positions.append(torch.arange(start, end))
-            context = self._slots(entry.block_ids, 0, end)
             slot_mapping.append(context[start:])
             spans.append(QuerySpan(len(ids) - entry.num_new, entry.num_new, *_attended(entry.seq, start, end, context)))
         meta = AttentionMetadata(torch.cat(slot_mapping), spans,
                                  decode_batch=DecodeBatch.of(spans) if self.batch_decodes else None)
         to = self.device
-        return torch.tensor(ids, device=to), torch.cat(positions).to(to), meta.to(to)
+        if to.type != "cpu":
+            meta = meta.to(to)
+        return torch.tensor(ids, device=to), torch.cat(positions).to(to), meta
+
+    def _contexts(self, entries: list[_Entry]) -> list[torch.Tensor]:
+        """Each entry's context slots, positions 0 up to its step's end, from one tensor for the whole step (a
+        decode step's streams cost a slice each, not a table of their own)."""
+        used = [-(-(e.seq.num_computed_tokens + e.num_new) // self.block_size) for e in entries]
+        table = torch.tensor([b for e, n in zip(entries, used, strict=True) for b in e.block_ids[:n]], dtype=torch.long)
+        slots = (table.unsqueeze(1) * self.block_size + self._block_offsets).view(-1)
+        contexts, offset = [], 0
+        for entry, blocks in zip(entries, used, strict=True):
+            contexts.append(slots[offset:offset + entry.seq.num_computed_tokens + entry.num_new])
+            offset += blocks * self.block_size
+        return contexts
 
 
 def _spans(seq: Sequence) -> list[tuple[int, int, int]]:

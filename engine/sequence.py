@@ -45,6 +45,15 @@ class Sequence:
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """all_token_ids[start:end], without joining prompt and outputs first (a decode step asks for one)."""
+        prompt = len(self.prompt_token_ids)
+        if start >= prompt:
+            return self.output_token_ids[start - prompt:end - prompt]
+        if end <= prompt:
+            return self.prompt_token_ids[start:end]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:end - prompt]
+
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
