@@ -13,15 +13,14 @@ import simpy
 from agents_eval.sim.gateway import Gateway
 from agents_eval.sim.records import RoleChange
 from engine.capacity.policy import CapacityPolicy
-from engine.capacity.signals import DECODE, PREFILL, LoadSnapshot
+from engine.capacity.signals import DECODE, PREFILL, LoadSnapshot, role_figures
 from engine.stats import mean_line
 
 
 def snapshot(gateway: Gateway) -> LoadSnapshot:
     cluster, now = gateway.cluster, gateway.cluster.env.now
-    steps = [w.decode_step_s for w in cluster.workers if w.role == DECODE and w.decode_step_s is not None]
-    rates = ([w.prefill_tokens_per_s for w in cluster.workers if w.role == PREFILL and w.prefill_tokens_per_s]
-             or [w.prefill_tokens_per_s for w in cluster.workers if w.prefill_tokens_per_s])  # as the engine's loop
+    steps = role_figures(DECODE, [(w.role, w.decode_step_s) for w in cluster.workers])
+    rates = role_figures(PREFILL, [(w.role, w.prefill_tokens_per_s) for w in cluster.workers])
     forecast = gateway.forecaster.forecast(gateway.settings.forecast_horizon_s, now) if gateway.forecaster else None
     return LoadSnapshot(now, tuple(w.load() for w in cluster.workers),
                         tpot_s=sum(steps) / len(steps) if steps else None,
@@ -29,8 +28,8 @@ def snapshot(gateway: Gateway) -> LoadSnapshot:
                         forecast_prefill_tokens=forecast.prefill_tokens if forecast else 0.0,
                         forecast_decode_tokens=forecast.decode_tokens if forecast else 0.0,
                         admitted=gateway.admitted(), routed=gateway.routed(),
-                        decode_line=mean_line([w.rates.decode_line.line() for w in cluster.workers
-                                               if w.role == DECODE]))
+                        decode_line=mean_line(role_figures(DECODE, [(w.role, w.rates.decode_line.line())
+                                                                    for w in cluster.workers])))
 
 
 def control(gateway: Gateway, policy: CapacityPolicy) -> Generator[simpy.Event, Any, None]:

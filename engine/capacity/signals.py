@@ -3,8 +3,11 @@ injects it: `time.monotonic()` in the coordinator, simulated time in the cluster
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
+
+_Figure = TypeVar("_Figure")
 
 # The same strings as engine.worker.messages.PREFILL/DECODE (that module pulls in torch).
 PREFILL, DECODE = "prefill", "decode"
@@ -153,3 +156,11 @@ class LoadSnapshot:
 
     def count(self, role: str) -> int:
         return sum(w.role == role for w in self.workers)
+
+
+def role_figures(role: str, figures: Iterable[tuple[str, _Figure | None]]) -> list[_Figure]:
+    """The measured figures of `role`'s workers, from (worker role, figure) pairs (a figure of 0 or None is not
+    measured yet); where that role has none, every worker's: its work then runs on the other role's workers, and
+    a model's speed does not change with a worker's role."""
+    measured = [(worker_role, figure) for worker_role, figure in figures if figure]
+    return [figure for worker_role, figure in measured if worker_role == role] or [figure for _, figure in measured]

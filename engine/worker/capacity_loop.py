@@ -15,7 +15,7 @@ from engine.capacity.alerts import AlertInputs, AlertMonitor
 from engine.capacity.events import EventLog, JsonValue
 from engine.capacity.policy import CapacityPolicy, Decision
 from engine.capacity.settings import CapacitySettings
-from engine.capacity.signals import LoadSnapshot, RoutedPrefills, Shift, WorkerLoad
+from engine.capacity.signals import LoadSnapshot, RoutedPrefills, Shift, WorkerLoad, role_figures
 from engine.stats import AgentSignals, ema, mean_line
 from engine.worker import messages as m
 from engine.worker.handles import WorkerHandle
@@ -83,10 +83,9 @@ class CapacityLoop:
         alive = [w for w in self.workers if w.alive]
         loads = tuple(WorkerLoad(w.worker_id, w.role, w.stats.running, w.stats.prefill_tokens_waiting,
                                  w.stats.decode_streams, w.switched_at or None) for w in alive)
-        tpot = _mean([w.stats.decode_step_s for w in alive if w.role == m.DECODE])
-        rate = (_mean([w.stats.prefill_tokens_per_s for w in alive if w.role == m.PREFILL])  # where none prefill
-                or _mean([w.stats.prefill_tokens_per_s for w in alive]))  # remotely: the decode workers' own rate
-        line = mean_line([w.stats.decode_line for w in alive if w.role == m.DECODE])
+        tpot = _mean(role_figures(m.DECODE, [(w.role, w.stats.decode_step_s) for w in alive]))
+        rate = _mean(role_figures(m.PREFILL, [(w.role, w.stats.prefill_tokens_per_s) for w in alive]))
+        line = mean_line(role_figures(m.DECODE, [(w.role, w.stats.decode_line) for w in alive]))
         return LoadSnapshot(now, loads, tpot, rate, self.signals.think_share, shift,
                             self.signals.forecast_prefill_tokens, self.signals.forecast_decode_tokens,
                             self.signals.admitted, line, self.routed.work())

@@ -22,6 +22,7 @@ from engine.capacity.signals import (
     RoutedPrefills,
     RoutedWork,
     WorkerLoad,
+    role_figures,
 )
 
 P, D = PREFILL, DECODE
@@ -314,6 +315,20 @@ def test_a_role_with_no_worker_takes_one_back_only_when_the_other_can_spare_it()
     for streams in (10, 30):  # decode needs both (1.0), or is over its target on both (3.0): no move
         assert policy.decide(load(streams, gated_tokens=20000, prompts=4)).moves == ()
     assert policy.decide(load(streams=5, gated_tokens=1000, prompts=1)).moves == ()  # 0.2 workers: within the margin
+
+
+def test_a_role_with_no_worker_is_measured_on_the_others() -> None:
+    """The decode line and step time come from the decode workers, else from any worker: with 2 / 0 the fallback
+    seconds per token (10x the tiny model's) once read the agent's 0.6 workers of decode as 7.6, and the split
+    flapped between 2 / 0 and 0 / 2."""
+    line = (0.0004, 0.00048)
+    assert role_figures(D, [(P, line), (P, None)]) == [line]
+    assert role_figures(D, [(P, 0.004), (D, 0.0)]) == [0.004]  # a decode worker that has not stepped yet
+    assert role_figures(P, [(P, 2000.0), (D, 9000.0)]) == [2000.0]
+    assert role_figures(D, []) == []
+    no_decoder = snapshot("PP", routed=RoutedWork(), decode_line=line,
+                          admitted=AdmittedWork(decode_tokens=5800, streams=58))
+    assert demand(no_decoder, CapacitySettings()).decode == pytest.approx(0.00048 * 58 / (0.05 - 0.0004))
 
 
 def test_the_router_reports_a_prompt_from_its_placement_to_its_first_token() -> None:
