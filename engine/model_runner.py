@@ -101,11 +101,15 @@ class ModelRunner:
         cache.index_copy_(1, slots, kv.to(device=cache.device, dtype=cache.dtype))
 
     def _slots(self, block_ids: list[int], start: int, end: int) -> torch.Tensor:
-        """The cache slots of positions start..end: block b's slots are b x block_size + 0..block_size."""
+        """The cache slots of positions start..end."""
         first, last = start // self.block_size, -(-end // self.block_size)
-        table = torch.tensor(block_ids[first:last], dtype=torch.long).unsqueeze(1)
         offset = first * self.block_size
-        return (table * self.block_size + self._block_offsets).view(-1)[start - offset:end - offset]
+        return self._block_slots(block_ids[first:last])[start - offset:end - offset]
+
+    def _block_slots(self, block_ids: list[int]) -> torch.Tensor:
+        """Every slot of these blocks, in order: block b's are b x block_size + 0..block_size."""
+        table = torch.tensor(block_ids, dtype=torch.long).unsqueeze(1)
+        return (table * self.block_size + self._block_offsets).view(-1)
 
     def _prepare(self, entries: list[_Entry]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         ids: list[int] = []
@@ -130,8 +134,7 @@ class ModelRunner:
         """Each entry's context slots, positions 0 up to its step's end, from one tensor for the whole step (a
         decode step's streams cost a slice each, not a table of their own)."""
         used = [-(-(e.seq.num_computed_tokens + e.num_new) // self.block_size) for e in entries]
-        table = torch.tensor([b for e, n in zip(entries, used, strict=True) for b in e.block_ids[:n]], dtype=torch.long)
-        slots = (table.unsqueeze(1) * self.block_size + self._block_offsets).view(-1)
+        slots = self._block_slots([b for e, n in zip(entries, used, strict=True) for b in e.block_ids[:n]])
         contexts, offset = [], 0
         for entry, blocks in zip(entries, used, strict=True):
             contexts.append(slots[offset:offset + entry.seq.num_computed_tokens + entry.num_new])
