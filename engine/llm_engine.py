@@ -94,7 +94,8 @@ class LLMEngine:
         if self.tiers is not None:
             self.kv.set_tiers(self.tiers.tiers)
         eos = self.config.eos_token_ids or _tuple(self.tokenizer.eos_token_id if self.tokenizer else None)
-        self.outputs = OutputProcessor(self.tokenizer or _NoText(), eos, self.max_model_len)
+        self.outputs = OutputProcessor(self.tokenizer or _NoText(), eos, self.max_model_len,
+                                       settings.stream_interval)
         self._seqs: dict[str, Sequence] = {}
         self.prefilled: dict[str, Prefilled] = {}  # prefill-only requests whose KV awaits hand-off
         self._next_id = itertools.count()

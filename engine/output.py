@@ -35,7 +35,7 @@ class _TextState:
     text: str = ""  # full decoded output, truncated at a stop string
     emitted_chars: int = 0
     emitted_tokens: int = 0
-    held_logits: list[torch.Tensor] = field(default_factory=list)  # steps since the last output not every_token
+    held_logits: list[torch.Tensor] = field(default_factory=list)  # of the steps since the last output
     held_logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
@@ -47,12 +47,17 @@ class OutputProcessor:
     streamed) gets two outputs: its first token's and its last, which carries every delta since, as vLLM's
     `FINAL_ONLY` with the first token kept (it retires the prompt's admitted work and times the TTFT); a
     reply of n tokens is then two messages from a worker and two hand-offs to the caller's event loop, not n.
+    A streamed reply gets its first token's output, then one every `stream_interval` tokens, then its last.
     """
 
-    def __init__(self, tokenizer: Detokenizer, eos_token_ids: tuple[int, ...], max_model_len: int) -> None:
+    def __init__(self, tokenizer: Detokenizer, eos_token_ids: tuple[int, ...], max_model_len: int,
+                 stream_interval: int = 1) -> None:
+        if stream_interval < 1:
+            raise ValueError(f"stream_interval must be at least 1, got {stream_interval}")
         self.tokenizer = tokenizer
         self.eos_token_ids = set(eos_token_ids)
         self.max_model_len = max_model_len
+        self.stream_interval = stream_interval
         self._states: dict[str, _TextState] = {}
 
     def check_stop(self, seq: Sequence) -> str | None:
@@ -78,10 +83,10 @@ class OutputProcessor:
 
     def make_output(self, seq: Sequence, logits: list[torch.Tensor] | None = None,
                     logprobs: list[TokenLogprob] | None = None) -> RequestOutput | None:
-        """The request's delta since its last output; None while a request without `every_token` is past its
-        first token and not finished (its delta grows until then)."""
+        """The request's delta since its last output; None while its delta is held (it grows until then): past
+        the first token and not finished, without `every_token`, or with fewer than `stream_interval` tokens."""
         state = self._states.setdefault(seq.request_id, _TextState())
-        if not seq.params.every_token and not seq.is_finished and state.emitted_tokens > 0:
+        if _held_back(seq, state, self.stream_interval):
             state.held_logits += logits or []
             state.held_logprobs += logprobs or []
             return None
@@ -97,6 +102,12 @@ class OutputProcessor:
             del self._states[seq.request_id]
         return RequestOutput(seq.request_id, new_tokens, new_text, seq.is_finished, seq.finish_reason,
                              seq.num_prompt_tokens, seq.num_cached_tokens or 0, logits, logprobs)
+
+
+def _held_back(seq: Sequence, state: _TextState, interval: int) -> bool:
+    if seq.is_finished or state.emitted_tokens == 0:
+        return False
+    return not seq.params.every_token or len(seq.output_token_ids) - state.emitted_tokens < interval
 
 
 def _find_stop(text: str, stops: list[str], checked_upto: int) -> int | None:
