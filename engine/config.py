@@ -149,6 +149,6 @@ class EngineSettings(YamlSettings):
     queue_policy: Literal["fcfs", "slo"] = "fcfs"
     # A streamed reply's outputs: its first token, then every stream_interval tokens, then its end (vLLM's and
     # SGLang's --stream-interval); 1 streams each token. Fewer outputs cost workers, gateway and clients less.
-    stream_interval: int = Field(1, ge=1)
+    stream_interval: int = Field(default=1, ge=1)
     # KV tiers below the device pool and the eviction policy (see engine/kv_cache/settings.py)
     kv_cache: KVCacheSettings = Field(default_factory=KVCacheSettings)

@@ -18,10 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-# No keys; admission never refuses, so an overloaded config shows latency, not rejections. Replies stream in chunks
-# of 8 tokens (docs/agents_eval.md, Agent benchmark): an agent acts on a whole turn, not on each token.
-COMMON_ENV = {"AGENTSERVE_AUTH_ENABLED": "false", "AGENTSERVE_LIMITS__TTFT_SLO_S": "1000000000",
-              "AGENTSERVE_ENGINE_STREAM_INTERVAL": "8"}
+COMMON_ENV = {  # no keys; admission never refuses, so an overloaded config shows latency, not rejections
+    "AGENTSERVE_AUTH_ENABLED": "false", "AGENTSERVE_LIMITS__TTFT_SLO_S": "1000000000"}
 
 
 @dataclass(frozen=True)

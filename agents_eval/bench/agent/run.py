@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import uvloop
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agents_eval.bench.agent.client import ChatSession, HttpPool, SessionClient, WsSession
@@ -144,10 +145,11 @@ async def _ws(openai_client: Any, model: str, script: SessionLike) -> AsyncItera
 
 def run_point(config: str, workload: WorkloadLike, options: RunOptions, log_path: Path,
               on_record: Callable[[RequestRecord], None]) -> PointResult:
-    """Start the configuration's gateway, measure, stop it."""
+    """Start the configuration's gateway, measure, stop it. The client runs on uvloop, as the gateway does: it
+    shares the host's cores with the configuration it measures, so what it spends is taken from them."""
     env = gateway_env(config, options.env)
     with running_gateway(options.model, env, log_path) as gateway:
-        return asyncio.run(_measure(config, gateway, workload, options, on_record))
+        return uvloop.run(_measure(config, gateway, workload, options, on_record))
 
 
 async def _measure(config: str, gateway: GatewayProcess, workload: WorkloadLike, options: RunOptions,
