@@ -155,7 +155,7 @@ class LLMEngine:
 
     def step(self, on_layer: Callable[[ScheduledBatch, int], None] | None = None) -> list[RequestOutput]:
         """One scheduling step; on_layer(batch, layer) runs after each layer (layer-wise KV streaming)."""
-        started = time.monotonic()
+        started, started_cpu = time.monotonic(), time.thread_time()
         if self.tiers is not None:
             self.tiers.promote_due(self.kv, started)
         batch = self.scheduler.schedule(started)
@@ -180,7 +180,7 @@ class LLMEngine:
                 if out is not None:
                     outputs.append(out)
         if self.trace is not None and traced is not None:
-            self.trace.record(started, time.monotonic() - started, traced)
+            self.trace.record(started, time.monotonic() - started, traced, time.thread_time() - started_cpu)
         return outputs
 
     def _finish_unschedulable(self) -> list[RequestOutput]:

@@ -1,5 +1,5 @@
-"""The engine's step trace (`EngineSettings.step_trace_dir`): one line per step with its time, the idle gap
-before it and its batch as scheduled, in a file per engine process; off by default."""
+"""The engine's step trace (`EngineSettings.step_trace_dir`): one line per step with its time, its thread's CPU
+time, the idle gap before it and its batch as scheduled, in a file per engine process; off by default."""
 
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ def test_every_step_is_traced_with_the_batch_it_computed(tmp_path: Path) -> None
     assert 0 in longest and any(cached > 0 for cached in longest)
     assert traced[0].idle_s is None and all(step.idle_s is not None and step.idle_s >= 0 for step in traced[1:])
     assert all(step.seconds > 0 for step in traced)
+    # the engine thread's CPU time within the step: never more than its wall time (torch's own threads aside)
+    assert all(step.cpu_s is not None and 0 < step.cpu_s <= step.seconds + 1e-3 for step in traced)
     assert [step.start for step in traced] == sorted(step.start for step in traced)
     assert read_steps(tmp_path, since=traced[-1].start)[os.getpid()] == [traced[-1]]
 
