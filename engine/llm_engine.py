@@ -155,7 +155,8 @@ class LLMEngine:
 
     def step(self, on_layer: Callable[[ScheduledBatch, int], None] | None = None) -> list[RequestOutput]:
         """One scheduling step; on_layer(batch, layer) runs after each layer (layer-wise KV streaming)."""
-        started, started_cpu = time.monotonic(), time.thread_time()
+        started = time.monotonic()
+        started_cpu = time.thread_time() if self.trace is not None else 0.0  # a system call: only when traced
         if self.tiers is not None:
             self.tiers.promote_due(self.kv, started)
         batch = self.scheduler.schedule(started)

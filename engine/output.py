@@ -51,9 +51,7 @@ class OutputProcessor:
     """
 
     def __init__(self, tokenizer: Detokenizer, eos_token_ids: tuple[int, ...], max_model_len: int,
-                 stream_interval: int = 1) -> None:
-        if stream_interval < 1:
-            raise ValueError(f"stream_interval must be at least 1, got {stream_interval}")
+                 stream_interval: int = 1) -> None:  # EngineSettings refuses an interval below 1
         self.tokenizer = tokenizer
         self.eos_token_ids = set(eos_token_ids)
         self.max_model_len = max_model_len
