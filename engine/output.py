@@ -30,9 +30,52 @@ class RequestOutput:
     logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
+CONTEXT_TOKENS = 5  # a resumed reply's window starts this many tokens back, so a leading space decodes as in the whole
+
+
+@dataclass
+class IncrementalText:
+    """A reply's text grown token by token from a window of its newest tokens, not the whole output each step (the
+    prefix and read offsets of TGI's and vLLM's detokenizers). `done` is the text of the tokens before `read`, which
+    ends on a whole character; the window decodes from `prefix`, a few tokens earlier, so that a token's leading
+    space comes out as it does in the whole output (a tokenizer drops it at the start of what it decodes)."""
+
+    done: str = ""
+    prefix: int = 0
+    read: int = 0
+
+    def grow(self, tokenizer: Detokenizer, ids: list[int]) -> str:
+        """The text of all of `ids` (the tokens before `read` unchanged since the last call): `done`, then the
+        newest tokens' text, with U+FFFD where they end inside a character."""
+        before = tokenizer.decode(ids[self.prefix:self.read]) if self.read > self.prefix else ""
+        window = tokenizer.decode(ids[self.prefix:])
+        if len(window) <= len(before) or window.endswith("\ufffd"):  # a special token, or inside a character: wait
+            return self.done + window[len(before):]
+        if not window.startswith(before):  # a tokenizer whose cleanup rewrites earlier text: decode the whole
+            return self.resync(tokenizer, ids)
+        self.done += window[len(before):]
+        self.prefix, self.read = self.read, len(ids)
+        return self.done
+
+    def resync(self, tokenizer: Detokenizer, ids: list[int]) -> str:
+        """Start over from the whole output (a reply taken over from another worker); its text. The window's
+        context must decode as the end of the whole does: a byte-fallback decoder shows a run of byte tokens cut at
+        its start as U+FFFD."""
+        text = tokenizer.decode(ids)
+        self.read, self.done = len(ids), text
+        while self.done.endswith("\ufffd") and self.read > max(0, len(ids) - 3):  # a character has at most 4 bytes
+            self.read -= 1
+            self.done = tokenizer.decode(ids[:self.read])
+        first = max(0, self.read - CONTEXT_TOKENS)
+        starts = range(first, max(0, self.read - 2 * CONTEXT_TOKENS) - 1, -1)
+        self.prefix = next((p for p in starts if self.done.endswith(tokenizer.decode(ids[p:self.read]))), first)
+        return text
+
+
 @dataclass
 class _TextState:
     text: str = ""  # full decoded output, truncated at a stop string
+    decoded: IncrementalText = field(default_factory=IncrementalText)
     emitted_chars: int = 0
     emitted_tokens: int = 0
     held_logits: list[torch.Tensor] = field(default_factory=list)  # of the steps since the last output
@@ -62,7 +105,7 @@ class OutputProcessor:
         """Finish reason after the sequence's newest token, or None to go on."""
         state = self._states.setdefault(seq.request_id, _TextState())
         token = seq.output_token_ids[-1]
-        text = self.tokenizer.decode(seq.output_token_ids)
+        text = state.decoded.grow(self.tokenizer, seq.output_token_ids)
         stop_at = _find_stop(text, seq.params.stop, len(state.text))
         state.text = text if stop_at is None else text[:stop_at]
         if stop_at is not None or token in seq.params.stop_token_ids:
@@ -75,8 +118,9 @@ class OutputProcessor:
 
     def resume(self, seq: Sequence) -> None:
         """Take over a sequence whose outputs so far were streamed by another worker."""
-        text = self.tokenizer.decode(seq.output_token_ids)
-        self._states[seq.request_id] = _TextState(text, _stable_length(text, seq.params.stop),
+        decoded = IncrementalText()
+        text = decoded.resync(self.tokenizer, seq.output_token_ids)
+        self._states[seq.request_id] = _TextState(text, decoded, _stable_length(text, seq.params.stop),
                                                   len(seq.output_token_ids))
 
     def make_output(self, seq: Sequence, logits: list[torch.Tensor] | None = None,
@@ -121,13 +165,13 @@ def _find_stop(text: str, stops: list[str], checked_upto: int) -> int | None:
 def _stable_length(text: str, stops: list[str]) -> int:
     """How much of text can be streamed now: no partial stop string, no unfinished character."""
     end = len(text.rstrip("\ufffd"))
-    held = max((_partial_stop_size(text[:end], stop) for stop in stops), default=0)
+    held = max((_partial_stop_size(text, end, stop) for stop in stops), default=0)
     return end - held
 
 
-def _partial_stop_size(text: str, stop: str) -> int:
-    """Length of the longest proper prefix of stop that text ends with."""
-    for size in range(min(len(stop) - 1, len(text)), 0, -1):
-        if text.endswith(stop[:size]):
+def _partial_stop_size(text: str, end: int, stop: str) -> int:
+    """Length of the longest proper prefix of stop that text[:end] ends with (without copying text[:end])."""
+    for size in range(min(len(stop) - 1, end), 0, -1):
+        if text.endswith(stop[:size], 0, end):
             return size
     return 0

@@ -299,6 +299,10 @@ def test_sentencepiece_file_equals_llama_cpp(tmp_path: Path, sentencepiece_field
 
 @pytest.fixture(scope="module")
 def sentencepiece_fields() -> dict[str, Any]:
+    return builtin_as_gguf_fields()
+
+
+def builtin_as_gguf_fields() -> dict[str, Any]:
     """The built-in sentencepiece BPE model (byte fallback, no dummy prefix) as a GGUF "llama" vocabulary."""
     sp = spm.SentencePieceProcessor(model_file=str(BUILTIN_MODEL))
     ids = range(sp.get_piece_size())
