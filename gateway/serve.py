@@ -13,8 +13,8 @@ from types import FrameType
 import torch
 import uvicorn
 
+from engine.gc_heap import freeze_startup_heap
 from gateway.app import create_app
-from gateway.gc_heap import freeze_startup_heap
 from gateway.http_server import uvicorn_config
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState

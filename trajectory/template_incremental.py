@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar, cast
@@ -42,7 +43,7 @@ class IncrementalRenderer:
         self.tools = tuple(tools) if tools is not None else None
         self.prefix_stable = True
         self._turns: list[RenderedTurn] = []
-        self._ids: list[int] = []  # the token stream so far
+        self._ids = array("i")  # the token stream so far: C ints, which the cyclic collector does not visit
         self._rendered = ""  # the conversation so far, rendered whole (not kept for a message-local template)
         self._local = _message_local(template)
         self._prompted: tuple[int, str] | None = None  # (turns, the rendering with the generation prompt)
@@ -54,7 +55,7 @@ class IncrementalRenderer:
         (unless the template is message-local)."""
         renderer = cls(template, tokenizer, tools)
         renderer._turns = list(turns)
-        renderer._ids = [token_id for turn in turns for token_id in turn.token_ids]
+        renderer._ids = array("i", [token_id for turn in turns for token_id in turn.token_ids])
         renderer._rendered = renderer._render(renderer.messages) if turns and renderer._local is None else ""
         renderer.prefix_stable = prefix_stable
         return renderer
@@ -169,7 +170,7 @@ class IncrementalRenderer:
 
     def _record(self, turn: RenderedTurn, rendered: str) -> None:
         self._turns.append(turn)
-        self._ids += turn.token_ids
+        self._ids.extend(turn.token_ids)
         self._rendered = rendered
 
 

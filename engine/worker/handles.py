@@ -44,6 +44,7 @@ class WorkerHandle:
     started_at: float = 0.0  # monotonic time of the launch
     pid: int | None = None  # the worker's own, from its Ready
     node: str = ""  # where it runs: "local", or the Ray node id
+    frozen_objects: int = 0  # its startup heap, frozen before its Ready (engine.gc_heap)
     pending_decode: dict[str, int] = field(default_factory=dict)  # attempt id -> decode worker, while prefilling
     stats: EngineStats = field(default_factory=EngineStats)  # its latest Load report
     report_due: bool = False  # it was given work since that report: another one is coming
@@ -125,6 +126,7 @@ def _handshake(handle: WorkerHandle, conn: Connection, deployment: DeploymentSet
     if not isinstance(ready, m.Ready):
         raise RuntimeError(f"worker {handle.worker_id} started with {ready!r} instead of a ready message")
     handle.kv_addresses, handle.pid, handle.node = ready.kv_addresses, ready.pid, ready.node
+    handle.frozen_objects = ready.frozen_objects
     handle.clock_offset_s = estimate_clock_offset(conn)
     handle.starting, handle.alive = False, True
     if abs(handle.clock_offset_s) > deployment.clock_offset_warn_s:

@@ -102,6 +102,7 @@ class Ready:
     role: str
     kv_addresses: dict[int, str]  # peer worker id -> where that worker sends this one KV
     node: str = "local"  # where it runs: "local", or its Ray node id
+    frozen_objects: int = 0  # what its startup heap left out of the collector's reach (engine.gc_heap)
 
 
 @dataclass

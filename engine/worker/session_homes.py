@@ -1,10 +1,16 @@
 """Where each agent session's KV lives in a disaggregated deployment: the worker that ran its last turn. That
 worker pins the turn's tokens for the session's time-to-live and, after the pin runs out, still holds them in
 its prefix cache until memory pressure evicts them, so a home outlives its pin; the coordinator sends the next
-turn to the worker holding most of it (KV-aware routing). The oldest homes are forgotten past `max_homes`."""
+turn to the worker holding most of it (KV-aware routing). The oldest homes are forgotten past `max_homes`.
+
+A home's tokens are an `array` of C ints: 4 bytes a token, against 35 for a list of Python ints (`tiny`'s ids of
+the README, measured with tracemalloc), for up to `max_homes` sessions' histories. The cyclic collector walks a
+list element by element, an array not; at the agent benchmark's knee (swe, 18.1 sessions/s) the homes were
+212,000 of the 742,000 list elements a full collection of the gateway walked."""
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,7 +19,7 @@ from dataclasses import dataclass
 @dataclass
 class SessionHome:
     worker_id: int
-    token_ids: list[int]  # the last turn's prompt and output
+    token_ids: array[int]  # the last turn's prompt and output, C ints
     pinned_until: float  # monotonic seconds; later the KV is only likely still cached
 
 
@@ -22,8 +28,8 @@ class SessionHomes:
         self.block_size, self.max_homes = block_size, max_homes
         self.homes: OrderedDict[str, SessionHome] = OrderedDict()  # least recently used first
 
-    def turn_finished(self, key: str, worker_id: int, token_ids: list[int], ttl_s: float, now: float) -> None:
-        self.homes[key] = SessionHome(worker_id, token_ids, now + ttl_s)
+    def turn_finished(self, key: str, worker_id: int, token_ids: Sequence[int], ttl_s: float, now: float) -> None:
+        self.homes[key] = SessionHome(worker_id, array("i", token_ids), now + ttl_s)
         self.homes.move_to_end(key)
         while len(self.homes) > self.max_homes:
             self.homes.popitem(last=False)
@@ -52,9 +58,16 @@ class SessionHomes:
         return len(self.homes)
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+COMPARED_AT_ONCE = 64  # tokens a slice comparison checks before the scan goes token by token
+
+
+def _common_prefix(held: array[int], prompt: Sequence[int]) -> int:
+    """How many leading tokens `held` and `prompt` share, compared a slice at a time (in C, not token by token)."""
+    n = min(len(held), len(prompt))
+    asked = array("i", prompt[:n])
+    if held[:n] == asked:  # the usual turn: the prompt goes on from the last one
+        return n
+    start = 0
+    while held[start:start + COMPARED_AT_ONCE] == asked[start:start + COMPARED_AT_ONCE]:
+        start += COMPARED_AT_ONCE
+    return next(i for i in range(start, n) if held[i] != asked[i])

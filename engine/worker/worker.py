@@ -14,6 +14,7 @@ from multiprocessing.connection import Connection
 import torch
 
 from engine.config import EngineSettings
+from engine.gc_heap import freeze_startup_heap
 from engine.handoff import accept_handoff, release, take_handoff
 from engine.kv_wire import KVWireError
 from engine.llm_engine import LLMEngine
@@ -59,7 +60,8 @@ def run_worker(spec: WorkerSpec, conn: Connection) -> None:
     transport = make_transport(spec.transport, TransportSettings(host=spec.kv_host) if spec.kv_host else None)
     worker = Worker(spec, engine, conn, transport)
     addresses = {peer: worker.listen() for peer in spec.peers}
-    conn.send(m.Ready(spec.worker_id, os.getpid(), spec.role, addresses, spec.node))
+    frozen = freeze_startup_heap()  # a full collection over the model's and torch's objects stalls every stream
+    conn.send(m.Ready(spec.worker_id, os.getpid(), spec.role, addresses, spec.node, frozen))
     try:
         worker.loop()
     finally:

@@ -60,6 +60,11 @@ def test_same_tokens_as_colocated(disaggregated: DisaggregatedEngine, params: Sa
     assert disaggregated.transfers.requests >= len(PROMPTS) and disaggregated.transfers.bytes > 0
 
 
+def test_each_worker_froze_its_startup_heap_before_it_served(disaggregated: DisaggregatedEngine) -> None:
+    """The model's and torch's objects, hundreds of thousands, out of the collector's reach (engine.gc_heap)."""
+    assert all(worker.frozen_objects > 100_000 for worker in disaggregated.workers)
+
+
 def test_idle_workers_sleep_on_their_pipes(disaggregated: DisaggregatedEngine) -> None:
     """KV frames wake no pipe, so a worker polls its receivers only while a transfer to it was announced
     (`ExpectKV`) or its own sent blocks may still be read; idle after a transfer, each waits on its pipe (it polled

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import gc
+
+import pytest
+
 from engine.worker.session_homes import SessionHomes
 
 
@@ -30,3 +34,29 @@ def test_the_oldest_homes_go_first_and_a_dead_worker_takes_its_homes() -> None:
     assert list(homes.homes) == ["b", "c"]
     homes.forget_worker(0)
     assert list(homes.homes) == ["b"] and len(homes) == 1
+
+
+HISTORY = list(range(1000, 1700))
+
+
+@pytest.mark.parametrize("differs_at", [0, 1, 63, 64, 65, 127, 128, 500, 699])
+def test_the_common_prefix_ends_at_the_first_different_token(differs_at: int) -> None:
+    homes = SessionHomes(block_size=1)
+    homes.turn_finished("s", 0, HISTORY, ttl_s=1.0, now=0.0)
+    prompt = [*HISTORY[:differs_at], -1, *HISTORY[differs_at + 1:], 5, 6]
+    assert homes.cached_tokens("s", prompt) == {0: differs_at}
+
+
+@pytest.mark.parametrize(("prompt", "common"), [([*HISTORY, 1, 2], 700), (HISTORY[:300], 300), ([], 0),
+                                                 (HISTORY[:64] + [7] * 10, 64)])
+def test_a_prompt_longer_or_shorter_than_the_home(prompt: list[int], common: int) -> None:
+    homes = SessionHomes(block_size=1)
+    homes.turn_finished("s", 0, HISTORY, ttl_s=1.0, now=0.0)
+    assert homes.cached_tokens("s", prompt) == {0: common}
+
+
+def test_the_cyclic_collector_does_not_walk_a_homes_tokens_one_by_one() -> None:
+    homes = SessionHomes(block_size=1)
+    homes.turn_finished("s", 0, HISTORY, ttl_s=1.0, now=0.0)
+    held = homes.homes["s"].token_ids
+    assert list(held) == HISTORY and len(gc.get_referents(held)) <= 1  # a list's are its 700 ints

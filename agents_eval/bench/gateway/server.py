@@ -22,10 +22,10 @@ import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.async_engine import AsyncLLMEngine, ServingEngine
+from engine.gc_heap import freeze_startup_heap
 from engine.llm_engine import LLMEngine
 from engine.worker.coordinator import DisaggregatedEngine
 from gateway.app import create_app
-from gateway.gc_heap import freeze_startup_heap
 from gateway.http_server import uvicorn_config
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState

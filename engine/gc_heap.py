@@ -1,10 +1,11 @@
 """What a process built at startup (imported modules, the model's Python objects, the tokenizer's tables) is taken
-out of the cyclic collector's reach with CPython's `gc.freeze()`, as vLLM does after its engine starts: in the
+out of the cyclic collector's reach with CPython's `gc.freeze()`, as vLLM does after its engine starts. In the
 gateway a full collection walked about 300,000 such objects, a pause of 90-110 ms that stalled every request in
 flight (`bench gateway` at 64 concurrent requests: p99 about 100 ms over the engine's in each run where one fell
-inside a measured wave). Objects made afterwards are collected as before; frozen ones are never freed, which costs
-nothing for what lives as long as the process. Engine worker processes are not frozen: no full collection was logged
-in a worker while it served (`gc.callbacks` in every process of a `bench gateway` run)."""
+inside a measured wave). An engine worker process freezes its own once its model is loaded: at the agent
+benchmark's knee (swe, 18.1 sessions/s) each of the two decode workers made a full collection of 207 and 308 ms
+while it served, its streams stalled throughout. Objects made afterwards are collected as before; frozen ones are
+never freed, which costs nothing for what lives as long as the process."""
 
 from __future__ import annotations
 

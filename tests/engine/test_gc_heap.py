@@ -1,11 +1,11 @@
-"""The gateway's startup heap leaves the collector's reach (`gateway.gc_heap`)."""
+"""A process's startup heap leaves the collector's reach (`engine.gc_heap`): the gateway's and each engine worker's."""
 
 from __future__ import annotations
 
 import gc
 import weakref
 
-from gateway.gc_heap import freeze_startup_heap
+from engine.gc_heap import freeze_startup_heap
 
 
 def tracked(marker: object) -> bool:
