@@ -4,6 +4,7 @@ search through a real gateway."""
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 from collections.abc import Callable
@@ -291,7 +292,15 @@ def test_each_point_keeps_its_records_as_it_ends(tmp_path: Path, monkeypatch: py
 
 
 @pytest.mark.slow
-def test_search_through_a_real_gateway_from_the_cli(tmp_path: Path) -> None:
+def test_search_through_a_real_gateway_from_the_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    frozen_while_driving: list[int] = []
+
+    async def drive(*args: Any) -> Any:
+        frozen_while_driving.append(gc.get_freeze_count())  # the client's own collections would pause its reads
+        return await run_drive(*args)
+
+    run_drive = run.drive
+    monkeypatch.setattr(run, "drive", drive)
     main(["bench", "--workload", "swe", "--configs", "baseline", "--probe-duration", "6", "--search-start", "1",
           "--max-probes", "2", "--slo-ttft", "30", "--slo-tpot", "5", "--warm-up-turns", "1", "--out", str(tmp_path)])
     report = json.loads((tmp_path / "report.json").read_text())
@@ -303,6 +312,8 @@ def test_search_through_a_real_gateway_from_the_cli(tmp_path: Path) -> None:
     assert "Throughput at SLO" in (tmp_path / "report.md").read_text()
     written = sorted(path.name for path in (tmp_path / "requests").glob("*.jsonl"))
     assert written == ["baseline-probe1.jsonl", "baseline-probe2.jsonl"]
+    assert len(frozen_while_driving) == 4 and all(frozen_while_driving[1::2])  # warm-up, probe; each probe frozen
+    assert gc.get_freeze_count() == 0
 
 
 def test_the_bench_takes_its_configurations_probes_in_turn(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from engine.gc_heap import freeze_startup_heap
+from engine.gc_heap import freeze_startup_heap, heap_frozen
 
 
 def tracked(marker: object) -> bool:
@@ -37,3 +37,14 @@ def test_startup_garbage_is_collected_not_frozen() -> None:
         assert ref() is None
     finally:
         gc.unfreeze()
+
+
+def test_a_heap_frozen_for_a_block_is_collectable_after_it_even_when_the_block_fails() -> None:
+    before = [object()]
+    try:
+        with heap_frozen() as frozen:
+            assert frozen > 0 and not tracked(before) and gc.get_freeze_count() > 0
+            raise KeyError("the block fails")
+    except KeyError:
+        pass
+    assert gc.get_freeze_count() == 0 and tracked(before)

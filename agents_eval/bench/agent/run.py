@@ -35,6 +35,7 @@ from agents_eval.bench.agent.gateway import (
 from agents_eval.bench.agent.metrics import RequestRecord, counter_deltas
 from agents_eval.bench.agent.workload import warm_up_workload
 from agents_eval.report import finite
+from engine.gc_heap import heap_frozen
 
 WS, HTTP = "ws", "http"
 ADMIN_TIMEOUT_S = 10.0
@@ -167,7 +168,8 @@ async def _measure(config: str, gateway: GatewayProcess, workload: WorkloadLike,
             before = await scrape(admin)
             poller = RolePoller(admin)
             polling = asyncio.create_task(poller.run())
-            result = await drive(workload, opener, options.limits, on_record)
+            with heap_frozen():
+                result = await drive(workload, opener, options.limits, on_record)
             polling.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await polling

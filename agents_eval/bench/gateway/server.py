@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import gc
 import socket
 import threading
 import time
@@ -22,7 +21,7 @@ import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.async_engine import AsyncLLMEngine, ServingEngine
-from engine.gc_heap import freeze_startup_heap
+from engine.gc_heap import heap_frozen
 from engine.llm_engine import LLMEngine
 from engine.worker.coordinator import DisaggregatedEngine
 from gateway.app import create_app
@@ -116,21 +115,20 @@ def running_gateway(settings: GatewaySettings, engine: ServingEngine) -> Iterato
     port = int(sock.getsockname()[1])
     settings = settings.model_copy(update={"host": "127.0.0.1", "port": port})
     app = create_app(settings, engine)
-    freeze_startup_heap()  # as `agentserve serve` does
     probe = ServerProbe()
     config = uvicorn_config(TimedApp(app, probe), settings, log_level="warning", access_log=False)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="bench-gateway", daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_until_ready(url, thread)
-        yield RunningGateway(url, app.state.gateway, probe)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
-        gc.unfreeze()  # this process may go on (the tests): what it leaves behind must stay collectable
+    with heap_frozen():  # as `agentserve serve` freezes it; unfrozen after, since this process may go on (the tests)
+        thread.start()
+        url = f"http://127.0.0.1:{port}"
+        try:
+            _wait_until_ready(url, thread)
+            yield RunningGateway(url, app.state.gateway, probe)
+        finally:
+            server.should_exit = True
+            thread.join(timeout=10)
+            sock.close()
 
 
 def _wait_until_ready(url: str, thread: threading.Thread) -> None:
