@@ -23,6 +23,7 @@ from engine.tokenizer import Tokenizer, load_tokenizer
 from tests.engine.test_gguf_tokenizer import builtin_as_gguf_fields, smollm_path, write_gguf
 
 TOKENIZERS = ("builtin", "smollm2", "space-prefix")
+GGUF_FOLDER = tempfile.TemporaryDirectory(prefix="space-prefix-")  # removed when the test process ends
 
 TEXTS = ["Hello world, the tool printed three lines.", "naïve 中文 🙂 done", "  two  spaces\n\tand a tab",
          "ls -la /tmp && echo 'ok' → ✓ 日本語のテキスト", "🙂🙂🙂 emoji after emoji ✨"]
@@ -31,8 +32,8 @@ TEXTS = ["Hello world, the tool printed three lines.", "naïve 中文 🙂 done"
 @functools.cache
 def _tokenizer(name: str) -> Tokenizer:
     if name == "space-prefix":
-        folder = Path(tempfile.mkdtemp(prefix="space-prefix-"))
-        return load_tokenizer(write_gguf(folder / "sp.gguf", add_space_prefix=True, **builtin_as_gguf_fields()))
+        path = Path(GGUF_FOLDER.name) / "sp.gguf"
+        return load_tokenizer(write_gguf(path, add_space_prefix=True, **builtin_as_gguf_fields()))
     return load_tokenizer(None if name == "builtin" else smollm_path())
 
 
