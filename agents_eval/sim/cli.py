@@ -13,6 +13,7 @@ from agents_eval.report import Table, machine_info, markdown_document
 
 SEED_CONFIGS = ("seed-baseline", "seed-distserve", "seed-agent")
 SIM_DURATION_S = 90.0  # seconds of session arrivals of a simulated run
+SIM_WARMUP_S = 30.0  # requests arriving before this are not judged
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,8 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cluster", default="seed-agent", help="a cluster of configs/sim.yaml (single run)")
     p.add_argument("--workload", default="swe", choices=["swe", "webarena", "sharegpt"])
     p.add_argument("--rate", type=float, default=1.0, help="sessions started per second (single run)")
-    p.add_argument("--duration", type=float, help="seconds over which sessions start (90; --validate: 120)")
-    p.add_argument("--warmup", type=float, default=30.0, help="requests arriving before this are not judged")
+    p.add_argument("--duration", type=float,
+                   help="seconds over which sessions start (90; --validate: 120; --agent-table: 40)")
+    p.add_argument("--warmup", type=float, help="requests arriving before this are not judged (30; --agent-table: 10)")
     p.add_argument("--seed", type=int, default=0)
     what = p.add_mutually_exclusive_group()
     what.add_argument("--table", action="store_true", help="the seed's table: three configurations at the SLO")
@@ -33,7 +35,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="DistServe's chatbot setting (13B, A100s, ShareGPT lengths): goodput per GPU")
     what.add_argument("--scale", action="store_true", help="one simulated hour of the 48-node cluster (scale-48)")
     what.add_argument("--validate", action="store_true", help="predicted against measured real CPU runs")
-    p.add_argument("--calibration", type=Path, help="calibration file of `agentserve profile` (--validate)")
+    what.add_argument("--agent-table", action="store_true",
+                      help="the agent benchmark's three configurations on calibrated workers of a core each "
+                           "(--calibration; --workload swe or webarena)")
+    p.add_argument("--calibration", type=Path,
+                   help="calibration file of `agentserve profile` (--validate, --agent-table)")
+    p.add_argument("--workers", type=int, default=2, help="one-thread workers of each configuration (--agent-table)")
     p.add_argument("--repeats", type=int, help="real runs of each deployment and rate, in turn (--validate; default 2)")
     p.add_argument("--start-rate", type=float, default=1.0, help="first sessions/s of the rate search")
     p.add_argument("--search-steps", type=int, default=3, help="bisections of the rate search after doubling")
@@ -51,8 +58,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> None:
     from agents_eval.sim import reports  # simpy, the engine's policies, matplotlib
 
+    if args.warmup is None:
+        args.warmup = 10.0 if args.agent_table else SIM_WARMUP_S
     if args.duration is None and not args.validate:  # --validate has a default of its own
-        args.duration = SIM_DURATION_S
+        args.duration = 40.0 if args.agent_table else SIM_DURATION_S
     if args.validate:
         from agents_eval.sim.validate import validate
 
@@ -62,6 +71,8 @@ def run(args: argparse.Namespace) -> None:
         tables = data.pop("tables")
     elif args.table:
         data, tables = reports.table(args)
+    elif args.agent_table:
+        data, tables = reports.agent_table(args)
     elif args.placement:
         data, tables = reports.placement(args)
     elif args.distserve:

@@ -64,6 +64,25 @@ def table(args: argparse.Namespace) -> Report:
     return {"table": rows, "load": asdict(_load(args)), "notes": notes}, [Table("The seed's table", headers, cells)]
 
 
+def agent_table(args: argparse.Namespace) -> Report:
+    """The agent benchmark's configurations on calibrated workers of a core each (simulated)."""
+    from agents_eval.sim import agent_table as agents
+
+    if args.calibration is None:
+        raise ValueError("--agent-table needs --calibration FILE (write one with `agentserve profile`)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    clusters = agents.agent_clusters(args.calibration, args.workers)
+    load = agents.bench_load(args.workload, clusters[0].model, warmup_s=args.warmup, duration_s=args.duration,
+                             seed=args.seed)
+    data = agents.agent_table(clusters, load, args.start_rate, args.search_steps)
+    attainment_plot({name: [(p["throughput_rps"], p["attainment"]) for p in row["points"]]
+                     for name, row in data["configurations"].items()}, args.out / "attainment.png")
+    notes = ["Simulated: each worker steps at the calibration's measured times on a core of its own; the client "
+             "and the gateway cost nothing. SLO rate: the highest session rate at which 90% of the judged requests "
+             "meet the benchmark's TTFT and TPOT targets. Pruning and history masks are not simulated."]
+    return {**data, "notes": notes}, agents.tables(data, args.workers)
+
+
 def distserve(args: argparse.Namespace) -> Report:
     """DistServe's chatbot setting: goodput per GPU, colocated against disaggregated, on the sharegpt workload."""
     args.out.mkdir(parents=True, exist_ok=True)
