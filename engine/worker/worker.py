@@ -11,8 +11,6 @@ import time
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 
-import torch
-
 from engine.config import EngineSettings
 from engine.gc_heap import freeze_startup_heap
 from engine.handoff import accept_handoff, release, take_handoff
@@ -49,14 +47,18 @@ class WorkerSpec:
     node: str = "local"  # where it runs: "local", or its Ray node id
     nice: int = 0  # added to the process's niceness before it loads the model (DeploymentSettings.worker_nice)
 
+    def engine_settings(self) -> EngineSettings:
+        """The engine's settings with the worker's own threads (the deployment's `threads_per_worker`): the
+        engine's `num_threads` (`AGENTSERVE_ENGINE_NUM_THREADS`, the colocated engine's) would otherwise give every
+        worker that many, two workers of 2 threads on a 2-core host running 4."""
+        return self.engine.model_copy(update={"num_threads": self.num_threads})
+
 
 def run_worker(spec: WorkerSpec, conn: Connection) -> None:
     """Process entry point."""
     if spec.nice:
         os.nice(spec.nice)
-    if spec.num_threads:
-        torch.set_num_threads(spec.num_threads)
-    engine = LLMEngine(spec.model, spec.engine)
+    engine = LLMEngine(spec.model, spec.engine_settings())
     transport = make_transport(spec.transport, TransportSettings(host=spec.kv_host) if spec.kv_host else None)
     worker = Worker(spec, engine, conn, transport)
     addresses = {peer: worker.listen() for peer in spec.peers}

@@ -36,7 +36,7 @@ def switches(config: BenchConfig) -> dict[str, bool]:
 
 
 def test_ablation_is_seven_configs_each_adding_its_switches_to_the_previous_one() -> None:
-    assert config_names("ablation") == ABLATION and tuple(CONFIGS) == ABLATION
+    assert config_names("ablation") == ABLATION and tuple(CONFIGS) == (*ABLATION, "replicas")
     assert config_names("default") == DEFAULT_CONFIGS == ("baseline", "disaggregated", "agent")
     assert config_names("baseline, agent,") == ("baseline", "agent")
     for name, added in ADDED.items():
@@ -50,7 +50,8 @@ def test_ablation_is_seven_configs_each_adding_its_switches_to_the_previous_one(
 
 def test_each_configuration_sets_its_switches_in_the_gateway_environment() -> None:
     env = {name: gateway_env(name, {"AGENTSERVE_DEPLOYMENT_DECODE": "3"}) for name in ABLATION}
-    for name, config in CONFIGS.items():
+    for name in ABLATION:
+        config = CONFIGS[name]
         assert env[name]["AGENTSERVE_ENGINE_ENABLE_PREFIX_CACHING"] == str(config.prefix_caching).lower(), name
         assert env[name]["AGENTSERVE_TRAJECTORY_PRUNE"] == env[name]["AGENTSERVE_TRAJECTORY_MASKS__ENABLED"] \
             == str(config.pruning).lower(), name
@@ -66,6 +67,21 @@ def test_each_configuration_sets_its_switches_in_the_gateway_environment() -> No
     # the controller may leave a role without a worker; a configuration without it keeps the configured floor
     assert env["agent"]["AGENTSERVE_CAPACITY_MIN_PER_ROLE"] == "0" and "AGENTSERVE_CAPACITY_MIN_PER_ROLE" not in \
         env["routing"]
+
+
+def test_replicas_are_the_disaggregated_workers_each_a_colocated_engine() -> None:
+    """As many colocated engine processes as the other configurations' workers, with their threads: no prefill
+    worker, no controller, no prefix cache, the stateless client."""
+    replicas = CONFIGS["replicas"]
+    assert not any(switches(replicas).values()) and replicas.replicas and replicas.previous is None
+    env = gateway_env("replicas", {"AGENTSERVE_DEPLOYMENT_THREADS_PER_WORKER": "2"})
+    assert env["AGENTSERVE_DISAGGREGATED"] == "true" and env["AGENTSERVE_CAPACITY_ENABLED"] == "false"
+    assert env["AGENTSERVE_ENGINE_ENABLE_PREFIX_CACHING"] == "false" and "AGENTSERVE_ENGINE_NUM_THREADS" not in env
+    # the user's split would override this one; without it, 1 + 1 workers become 0 + 2
+    assert gateway_env("replicas", {})["AGENTSERVE_DEPLOYMENT_PREFILL"] == "0"
+    assert gateway_env("replicas", {})["AGENTSERVE_DEPLOYMENT_DECODE"] == "2"
+    assert gateway_env("replicas", {"AGENTSERVE_DEPLOYMENT_DECODE": "3"})["AGENTSERVE_DEPLOYMENT_DECODE"] == "3"
+    assert "replicas" not in config_names("ablation") and "replicas" not in config_names("default")
 
 
 def test_configs_option_takes_the_named_set_and_rejects_unknown_names(capsys: pytest.CaptureFixture[str]) -> None:

@@ -43,3 +43,15 @@ def test_the_colocated_deployment_is_one_worker_here() -> None:
 def test_worker_nice_is_refused_outside_what_an_unprivileged_process_may_add(nice: int) -> None:
     with pytest.raises(ValidationError, match="worker_nice"):
         DeploymentSettings(worker_nice=nice)
+
+
+@pytest.mark.parametrize("threads_per_worker", [1, None])
+def test_a_worker_runs_the_deployments_threads_not_the_engines(threads_per_worker: int | None) -> None:
+    """AGENTSERVE_ENGINE_NUM_THREADS is the colocated engine's; each worker process takes threads_per_worker."""
+    from engine.config import EngineSettings
+    from engine.worker.worker import WorkerSpec
+
+    engine = EngineSettings(num_threads=2)
+    spec = WorkerSpec(0, "tiny", engine, "shm", "decode", threads_per_worker, kv_timeout_s=5.0)
+    assert spec.engine_settings().num_threads == threads_per_worker
+    assert spec.engine_settings().model_dump(exclude={"num_threads"}) == engine.model_dump(exclude={"num_threads"})

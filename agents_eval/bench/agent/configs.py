@@ -7,6 +7,11 @@ against the step named in its `previous` (the ablation table), adding what `adds
     baseline -> caching -> sessions -> pruning             (the colocated engine)
                 caching -> disaggregated -> routing -> agent (prefill/decode workers)
 
+`replicas` (in neither set) is the baseline as data-parallel engines: as many colocated engine processes as the
+disaggregated configurations have workers, each with their threads, no prefix cache, the stateless client,
+least-loaded routing. On a host where one engine's extra threads add little (`tiny`'s small matrices on two
+cores), it is the stronger baseline.
+
 `disaggregated` is DistServe, with prefix caching and the stateless client: it differs from `caching` by the
 disaggregation alone. KV-aware routing sends a session's turn to the worker holding its KV (session homes,
 engine/worker/session_homes.py): without a session there is nothing to route by, so `routing` also turns on
@@ -34,14 +39,15 @@ class BenchConfig:
     controller: bool = False  # the capacity controller moves workers between roles (disaggregated only)
     previous: str | None = None  # the ablation step this one is measured against
     adds: str = ""  # what it adds to `previous`
+    replicas: bool = False  # colocated engines, one worker process each, as many as the disaggregated workers
 
     def env(self) -> dict[str, str]:
         """The gateway environment of this configuration's switches (COMMON_ENV and user overrides aside)."""
-        env = {"AGENTSERVE_DISAGGREGATED": _flag(self.disaggregated),
+        env = {"AGENTSERVE_DISAGGREGATED": _flag(self.disaggregated or self.replicas),
                "AGENTSERVE_ENGINE_ENABLE_PREFIX_CACHING": _flag(self.prefix_caching),
                "AGENTSERVE_TRAJECTORY_PRUNE": _flag(self.pruning),
                "AGENTSERVE_TRAJECTORY_MASKS__ENABLED": _flag(self.pruning)}
-        if self.disaggregated:
+        if self.disaggregated or self.replicas:
             env["AGENTSERVE_CAPACITY_ENABLED"] = _flag(self.controller)
         if self.controller:  # the router's split tells it when a role has no work: it may leave one no worker
             env["AGENTSERVE_CAPACITY_MIN_PER_ROLE"] = "0"
@@ -73,10 +79,12 @@ _ALL = (
                      "prefilled on the decode worker"),
     BenchConfig("agent", "agent-optimized", True, True, True, True, routing=True, controller=True,
                 previous="routing", adds="the capacity controller"),
+    BenchConfig("replicas", "colocated replicas (data parallel)", False, False, False, False, replicas=True),
 )
 CONFIGS: Mapping[str, BenchConfig] = {config.name: config for config in _ALL}
 DEFAULT_CONFIGS = ("baseline", "disaggregated", "agent")
-NAMED_SETS: Mapping[str, tuple[str, ...]] = {"default": DEFAULT_CONFIGS, "ablation": tuple(CONFIGS)}
+ABLATION_CONFIGS = tuple(config.name for config in _ALL if not config.replicas)
+NAMED_SETS: Mapping[str, tuple[str, ...]] = {"default": DEFAULT_CONFIGS, "ablation": ABLATION_CONFIGS}
 LABELS = {name: config.label for name, config in CONFIGS.items()}
 
 

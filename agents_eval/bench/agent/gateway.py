@@ -42,14 +42,24 @@ def admin_key_env() -> dict[str, str]:
 
 def colocated_threads(user_env: Mapping[str, str]) -> int:
     """The torch threads the disaggregated workers use in all (workers x threads each), for the colocated
-    engine: the same cores either way. Read from configs/deployment.yaml with the user's overrides."""
+    engine: the same cores either way."""
+    return deployment_workers(user_env) * _deployment(user_env).worker_threads
+
+
+def deployment_workers(user_env: Mapping[str, str]) -> int:
+    """The disaggregated configurations' worker processes (prefill and decode)."""
+    deployment = _deployment(user_env)
+    return deployment.prefill + deployment.decode
+
+
+def _deployment(user_env: Mapping[str, str]) -> Any:
+    """configs/deployment.yaml with the user's overrides of the split and the threads."""
     from engine.worker.deployment import DeploymentSettings
 
     keys = {"prefill", "decode", "threads_per_worker"}
     prefix = "AGENTSERVE_DEPLOYMENT_"
     overrides: dict[str, Any] = {k.removeprefix(prefix).lower(): v for k, v in user_env.items() if k.startswith(prefix)}
-    deployment = DeploymentSettings(**{k: v for k, v in overrides.items() if k in keys})
-    return (deployment.prefill + deployment.decode) * deployment.worker_threads
+    return DeploymentSettings(**{k: v for k, v in overrides.items() if k in keys})
 
 
 def free_port() -> int:

@@ -23,7 +23,7 @@ from agents_eval.bench.agent.tables import markdown
 from agents_eval.report import JSON_NAME, MARKDOWN_NAME, ReportFiles, finite
 
 BASELINE, AGENT = "baseline", "agent"
-PAIRS = ((AGENT, BASELINE), ("disaggregated", BASELINE), (AGENT, "disaggregated"))
+PAIRS = ((AGENT, BASELINE), ("disaggregated", BASELINE), (AGENT, "disaggregated"), (AGENT, "replicas"))
 LIGHT_LOAD_BOUND = 1.1  # agent p50 and p99 at the lowest rate, at most this times the baseline's
 RATIO_KEYS = {"throughput": "throughput_rps", "goodput": "goodput_rps", "p99_latency": "p99_latency_s",
               "cost": "cost_per_1k_output_tokens", "slo_rate": "slo_rate_sessions_per_s"}

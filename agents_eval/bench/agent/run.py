@@ -28,6 +28,7 @@ from agents_eval.bench.agent.gateway import (
     RolePoller,
     capacity,
     colocated_threads,
+    deployment_workers,
     model_name,
     running_gateway,
     scrape,
@@ -118,7 +119,9 @@ def gateway_env(config: str, user_env: Mapping[str, str]) -> dict[str, str]:
     all. The user's overrides come last."""
     spec = CONFIGS[config]
     env = {**COMMON_ENV, **spec.env()}
-    if not spec.disaggregated:
+    if spec.replicas:  # the disaggregated configurations' workers, each a colocated engine: no prefill worker
+        env |= {"AGENTSERVE_DEPLOYMENT_PREFILL": "0", "AGENTSERVE_DEPLOYMENT_DECODE": str(deployment_workers(user_env))}
+    elif not spec.disaggregated:
         env["AGENTSERVE_ENGINE_NUM_THREADS"] = str(colocated_threads(user_env))
     return {**env, **user_env}
 
