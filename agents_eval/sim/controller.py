@@ -28,6 +28,7 @@ def snapshot(gateway: Gateway) -> LoadSnapshot:
                         forecast_prefill_tokens=forecast.prefill_tokens if forecast else 0.0,
                         forecast_decode_tokens=forecast.decode_tokens if forecast else 0.0,
                         admitted=gateway.admitted(), routed=gateway.routed(),
+                        max_streams_per_worker=cluster.config.engine.max_num_seqs,
                         decode_line=mean_line(role_figures(DECODE, [(w.role, w.rates.decode_line.line())
                                                                     for w in cluster.workers])))
 

@@ -109,7 +109,20 @@ def demand(snapshot: LoadSnapshot, settings: CapacitySettings) -> Demand:
     decode_tokens_per_s = _decode_owed(snapshot, settings) + snapshot.forecast_decode_tokens / horizon
     streams = decode_tokens_per_s * settings.target_tpot_s  # each owed a token every target_tpot_s
     decode = decode_workers(streams, decode_line(snapshot, settings), settings.target_tpot_s)
-    return Demand(prefill, decode + local_s)
+    return Demand(prefill, max(decode + local_s, _slot_workers(snapshot)))
+
+
+def _slot_workers(snapshot: LoadSnapshot) -> float:
+    """Decode workers the requests need for their slots alone: a worker runs at most `max_streams_per_worker` at
+    once and the rest wait, however cheap their steps. (At 12 swe sessions/s on one decode worker of 64 slots, the
+    simulator's 120-140 requests read 0.7 workers by the TPOT line and compute, while half of them waited.)"""
+    cap = snapshot.max_streams_per_worker
+    if not cap:
+        return 0.0
+    admitted = snapshot.admitted
+    requests = admitted.streams if admitted is not None else sum(
+        w.running for w in snapshot.workers if w.role == DECODE)
+    return requests / cap
 
 
 def _prefill_split(snapshot: LoadSnapshot) -> tuple[int, int | None, int]:

@@ -125,6 +125,8 @@ class LoadSnapshot:
     interval, if any. The forecasts are the predictor's tokens expected within `forecast_horizon_s`. `admitted` is the
     gateway's admitted work (None when nothing reports it: the policy then reads the workers' queues). `routed` is
     the router's split of the placed prompts (None where nothing routes: the policy then reads the workers' queues).
+    `max_streams_per_worker` is the engine's `max_num_seqs`: a worker runs at most that many requests at once, the
+    rest wait for a slot (None: no bound known).
     """
 
     now: float
@@ -138,6 +140,7 @@ class LoadSnapshot:
     admitted: AdmittedWork | None = None
     decode_line: tuple[float, float] | None = None
     routed: RoutedWork | None = None
+    max_streams_per_worker: int | None = None
 
     def __post_init__(self) -> None:
         if self.shift not in (None, "think", "act"):

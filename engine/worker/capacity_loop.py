@@ -38,8 +38,10 @@ class RequestTimes:
 
 
 class CapacityLoop:
-    def __init__(self, settings: CapacitySettings, workers: list[WorkerHandle], set_role: SetRole) -> None:
+    def __init__(self, settings: CapacitySettings, workers: list[WorkerHandle], set_role: SetRole,
+                 max_streams_per_worker: int | None = None) -> None:
         self.settings, self.workers, self.set_role = settings, workers, set_role
+        self.max_streams_per_worker = max_streams_per_worker  # the engine's max_num_seqs
         self.policy = CapacityPolicy(settings)
         self.alerts = AlertMonitor(settings)
         self.events = EventLog(settings.event_log_size)
@@ -88,7 +90,7 @@ class CapacityLoop:
         line = mean_line(role_figures(m.DECODE, [(w.role, w.stats.decode_line) for w in alive]))
         return LoadSnapshot(now, loads, tpot, rate, self.signals.think_share, shift,
                             self.signals.forecast_prefill_tokens, self.signals.forecast_decode_tokens,
-                            self.signals.admitted, line, self.routed.work())
+                            self.signals.admitted, line, self.routed.work(), self.max_streams_per_worker)
 
     def _alerts(self, now: float) -> None:
         alive = [w for w in self.workers if w.alive]

@@ -61,7 +61,8 @@ class DisaggregatedEngine(WorkerQueries):
         self.workers = self.pool.workers
         self.homes = SessionHomes(self.settings.block_size)
         self.placer = Placer(self.workers, self.homes, capacity or CapacitySettings(), self.settings.block_size)
-        self.capacity = CapacityLoop(capacity, self.workers, self.set_role) if capacity is not None else None
+        self.capacity = (None if capacity is None else
+                         CapacityLoop(capacity, self.workers, self.set_role, self.settings.max_num_seqs))
         self.colocated = capacity is None and len(self.workers) == 1  # one worker doing it all, never moved
         self.parked: list[Tracked] = []  # requests with no live worker, while a dead one is started again
         self.tracked: dict[str, Tracked] = {}

@@ -317,6 +317,24 @@ def test_a_role_with_no_worker_takes_one_back_only_when_the_other_can_spare_it()
     assert policy.decide(load(streams=5, gated_tokens=1000, prompts=1)).moves == ()  # 0.2 workers: within the margin
 
 
+def test_requests_past_a_workers_slots_are_decode_demand_however_cheap_their_steps() -> None:
+    """A worker runs at most max_num_seqs requests; the rest wait for a slot. 130 admitted requests on one decode
+    worker of 64 slots, at a step cost that reads 0.1 workers, ask for 2: the idle prefill worker moves, and no
+    gated prompt takes it back while the requests need both workers' slots."""
+    policy = CapacityPolicy(CapacitySettings(demand_smoothing_s=0, hold_s=0, min_per_role=0))
+    slots = snapshot("PD", streams=64, running=(0, 130), decode_line=(0.0003, 0.00005), routed=RoutedWork(),
+                     admitted=AdmittedWork(decode_tokens=4000, streams=130), max_streams_per_worker=64)
+    assert demand(slots, policy.settings).decode == pytest.approx(130 / 64)
+    to_decode = policy.decide(slots)
+    assert (to_decode.prefill, to_decode.decode, to_decode.moves) == (0, 2, (Move(0, D),))
+    gated = replace(apply(slots, to_decode), routed=RoutedWork(5000, 2))  # a prefill worker's work, none to do it
+    assert policy.decide(gated).moves == ()
+    unbounded = replace(slots, max_streams_per_worker=None)
+    assert demand(unbounded, policy.settings).decode < 0.2 and policy.decide(unbounded).moves == ()
+    queues = replace(slots, admitted=None)  # without the gateway's account, the decode workers' requests
+    assert demand(queues, policy.settings).decode == pytest.approx(130 / 64)
+
+
 def test_a_role_with_no_worker_is_measured_on_the_others() -> None:
     """The decode line and step time come from the decode workers, else from any worker: with 2 / 0 the fallback
     seconds per token (10x the tiny model's) once read the agent's 0.6 workers of decode as 7.6, and the split
