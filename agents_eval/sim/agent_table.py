@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from agents_eval.bench.agent.report import PAIRS
 from agents_eval.bench.agent.settings import DEFAULT_SLO
 from agents_eval.bench.agent.workload import builder, model_context
 from agents_eval.report import Table
@@ -32,8 +33,6 @@ from agents_eval.sim.validate import engine_knobs
 from agents_eval.sim.workload import draw_sessions
 from engine.slo import SloClass
 
-CONFIGS = ("baseline", "disaggregated", "agent")
-RATIOS = (("agent", "baseline"), ("disaggregated", "baseline"), ("agent", "disaggregated"))
 SESSION_TTL_S = 30.0  # the agent's pins over the tool gap
 ALWAYS_REMOTE = {"local_prefill_max_tokens": 0, "local_prefill_max_uncached_share": 0.0}
 
@@ -65,10 +64,10 @@ def agent_clusters(calibration: Path, workers: int = 2, slo: SloClass | None = N
     """The three configurations on `workers` calibrated one-thread workers (at least 2: one per role)."""
     if workers < 2:
         raise ValueError("--workers must be at least 2: the disaggregated configurations need one per role")
-    model = Calibration.load(calibration)
-    knobs = engine_knobs(model.model)
+    calibrated = Calibration.load(calibration)
+    knobs = engine_knobs(calibrated.model)
     split = (_pool("prefill", workers // 2), _pool("decode", workers - workers // 2))
-    baseline = ClusterConfig(name="baseline", model=model.model, dtype=model.dtype,
+    baseline = ClusterConfig(name="baseline", model=calibrated.model, dtype=calibrated.dtype,
                              pools=(_pool("colocated", workers),), transport="shm",
                              engine=knobs.model_copy(update={"prefix_caching": False}),
                              calibration=str(calibration), worker_processes=True, capacity={"overlap_weight": 0.0},
@@ -94,7 +93,7 @@ def agent_table(clusters: list[ClusterConfig], load: AgentLoad, start_rate: floa
         rows[config.name] = {"slo_rate_sessions_per_s": best.session_rate if best else 0.0,
                              "at_slo": asdict(best.summary) if best else None,
                              "points": [p.as_dict() for p in points]}
-    ratios = {f"{a}/{b}": _ratio(rows, a, b) for a, b in RATIOS if a in rows and b in rows}
+    ratios = {f"{a}/{b}": _ratio(rows, a, b) for a, b in PAIRS if a in rows and b in rows}  # the benchmark's
     return {"configurations": rows, "ratios": ratios, "load": asdict(load), "simulated": True}
 
 

@@ -58,10 +58,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> None:
     from agents_eval.sim import reports  # simpy, the engine's policies, matplotlib
 
+    if args.agent_table:  # its own defaults: the benchmark's short runs
+        from agents_eval.sim.agent_table import AgentLoad
+
+        args.warmup = AgentLoad.warmup_s if args.warmup is None else args.warmup
+        args.duration = AgentLoad.duration_s if args.duration is None else args.duration
     if args.warmup is None:
-        args.warmup = 10.0 if args.agent_table else SIM_WARMUP_S
+        args.warmup = SIM_WARMUP_S
     if args.duration is None and not args.validate:  # --validate has a default of its own
-        args.duration = 40.0 if args.agent_table else SIM_DURATION_S
+        args.duration = SIM_DURATION_S
     if args.validate:
         from agents_eval.sim.validate import validate
 

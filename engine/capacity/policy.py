@@ -19,7 +19,8 @@ decode line, t(b) = base + per_stream x b: spread over d workers they step withi
 streams / (target - base) on (at most one worker a stream). The line makes the demand the same whatever the split;
 a flat seconds-per-token read of the step time at the current batch would say more workers the more decode has, and
 invite moves it cannot fill. Until the line is fitted, one through 0 at the measured step time over the streams per
-decoding worker stands in.
+decoding worker stands in. However cheap the steps, the decode demand is at least the requests over the engine's
+`max_num_seqs` (`LoadSnapshot.max_streams_per_worker`): a worker runs no more at once, the rest wait for a slot.
 
 Hysteresis by demand margin: a worker moves to a role only while that role has more demand than workers (it
 misses its target) and, before the worker joins, more demand per worker than the giving role will have after

@@ -21,11 +21,14 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from agents_eval.bench.agent.metrics import parse_metrics
+
+if TYPE_CHECKING:
+    from engine.worker.deployment import DeploymentSettings
 
 READY_TIMEOUT_S = 300.0  # disaggregated workers load the model in their own processes
 STOP_TIMEOUT_S = 60.0
@@ -52,7 +55,7 @@ def deployment_workers(user_env: Mapping[str, str]) -> int:
     return deployment.prefill + deployment.decode
 
 
-def _deployment(user_env: Mapping[str, str]) -> Any:
+def _deployment(user_env: Mapping[str, str]) -> DeploymentSettings:
     """configs/deployment.yaml with the user's overrides of the split and the threads."""
     from engine.worker.deployment import DeploymentSettings
 
