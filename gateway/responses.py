@@ -88,7 +88,7 @@ async def response_events(gw: GatewayState, body: ResponseCreateRequest, target:
     stream = ResponseStream(gw.model_name, body.echo(), parse_tools=bool(target.tools),
                             max_tool_calls=None if body.parallel_tool_calls else 1)
     async with gw.sessions.open(target.key, target.tools, target.principal.holds.sessions) as turn:
-        _check_latest(turn, target, body)
+        await _continue_from_previous(gw, turn, target, body)
         turn.trajectory.vip = target.principal.is_vip
         committed = False
         try:
@@ -112,15 +112,26 @@ async def response_events(gw: GatewayState, body: ResponseCreateRequest, target:
                 gw.sessions.roll_back(turn, target.tools)
 
 
-def _check_latest(turn: SessionTurn, target: SessionTarget, body: ResponseCreateRequest) -> None:
-    turns = len(turn.trajectory.state.turns)
-    if target.starting or turns == target.turns:
+async def _continue_from_previous(gw: GatewayState, turn: SessionTurn, target: SessionTarget,
+                                  body: ResponseCreateRequest) -> None:
+    """The session as `previous_response_id` left it: its latest response, or the one before when the client
+    continues from that one again. That is a retry whose earlier attempt was committed but never reached the
+    client (its stream dropped after the reply was kept): the turn the client never heard of is given up, so
+    the conversation holds each reply the client received once, and none it did not."""
+    state, previous = turn.trajectory.state, body.previous_response_id
+    if target.starting or state.response_ids[-1:] == [previous]:
         return
-    if turns == 0:  # the session expired before its record
-        raise APIError(400, f"Previous response with id '{body.previous_response_id}' not found.",
+    if not state.turns:  # the session expired before its record
+        raise APIError(400, f"Previous response with id '{previous}' not found.",
                        param="previous_response_id", code="previous_response_not_found")
-    raise APIError(400, f"Previous response with id '{body.previous_response_id}' is not the latest of its "
-                        "session; a session continues only from its latest response",
+    if not state.response_ids and len(state.turns) == target.turns:  # stored before response ids were kept
+        return
+    if previous in state.response_ids[:-1] and await gw.sessions.rewind(turn, target.tools):
+        if turn.trajectory.state.response_ids[-1:] == [previous]:
+            return
+        gw.sessions.roll_back(turn, target.tools)
+    raise APIError(400, f"Previous response with id '{previous}' is not the latest of its session; a session "
+                        "continues only from its latest response or the one before it",
                    param="previous_response_id", code="previous_response_not_latest")
 
 
@@ -169,8 +180,11 @@ async def _commit(gw: GatewayState, body: ResponseCreateRequest, target: Session
 
 async def _remember(gw: GatewayState, turn: SessionTurn, key: StoreKey, target: SessionTarget, response_id: str,
                     response: dict[str, Any] | None) -> None:
-    """Save the session now (before the client can send its next turn) and the response's record."""
-    await gw.sessions.save(turn)
+    """Save the session now (before the client can send its next turn) and the response's record; the session
+    remembers its latest two responses, from which a client may continue (`_continue_from_previous`)."""
+    state = turn.trajectory.state
+    state.response_ids = [*state.response_ids[-1:], response_id]
+    await gw.sessions.save(turn, ends_turn=True)
     record = {"session_id": key.id, "tools": target.tools, "turns": len(turn.trajectory.state.turns),
               "response": response}
     await gw.sessions.store.put(response_key(target.principal, response_id), dumps(record), gw.sessions.ttl_s)

@@ -6,6 +6,9 @@ that owns it and the id the client knows it by, so one API key never reaches ano
 session id never collides with a response id. Sessions are also indexed by expiry, per owner and
 overall, so counting the sessions held (`/metrics`, the per-key limit) never scans the store, and expired
 entries leave memory without waiting for a read. Values are opaque bytes: the store never looks inside.
+
+A session put with `keep_previous` keeps the value it replaces readable under `key.previous` (for the same
+TTL): a client whose acknowledgement of a turn was lost can continue from the turn before (`gateway.responses`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import redis.asyncio as redis
 
 from gateway.session_lease import RedisLeases
 
-Kind = Literal["session", "response"]
+Kind = Literal["session", "response", "previous"]  # previous: a session one turn back
 REDIS_PREFIX = "agentserve:"
 KEY_PREFIX = REDIS_PREFIX + "session:"  # every session's Redis key starts so
 SESSION_INDEX = REDIS_PREFIX + "index:sessions"  # sorted set: session path -> expiry (ms, Redis clock)
@@ -40,6 +43,11 @@ class StoreKey:
         """`kind:owner:id`, the owner percent-encoded (no `:`), so no owner's ids can pass for another's."""
         return f"{self.kind}:{quote(self.owner, safe='')}:{self.id}"
 
+    @property
+    def previous(self) -> StoreKey:
+        """Where a session's value before its latest `put(..., keep_previous=True)` is kept."""
+        return StoreKey("previous", self.owner, self.id)
+
 
 def session_key(owner: str, session_id: str) -> StoreKey:
     return StoreKey("session", owner, session_id)
@@ -54,7 +62,9 @@ class Claim:
 class SessionStore(Protocol):
     async def get(self, key: StoreKey) -> bytes | None: ...
 
-    async def put(self, key: StoreKey, data: bytes, ttl_s: float) -> None: ...
+    async def put(self, key: StoreKey, data: bytes, ttl_s: float, keep_previous: bool = False) -> None:
+        """Store `data` for `ttl_s`; with `keep_previous` (sessions), the value it replaces goes to `key.previous`."""
+        ...
 
     async def delete(self, key: StoreKey) -> None: ...
 
@@ -90,9 +100,13 @@ class MemorySessionStore:
         item = self._items.get(key)
         return item[0] if item is not None and item[1] > self._clock() else None
 
-    async def put(self, key: StoreKey, data: bytes, ttl_s: float) -> None:
+    async def put(self, key: StoreKey, data: bytes, ttl_s: float, keep_previous: bool = False) -> None:
         self._sweep()
         expires = self._clock() + ttl_s
+        replaced = self._items.get(key)
+        if keep_previous and replaced is not None and replaced[1] > self._clock():
+            self._items[key.previous] = (replaced[0], expires)
+            self._track(key.previous, expires)
         self._items[key] = (data, expires)
         if key.kind == "session":
             self._held.setdefault(key.owner, {})[key.id] = expires
@@ -100,6 +114,7 @@ class MemorySessionStore:
 
     async def delete(self, key: StoreKey) -> None:
         self._items.pop(key, None)
+        self._items.pop(key.previous, None)
         self._release(key)
 
     async def claim(self, key: StoreKey, limit: int, ttl_s: float) -> Claim:
@@ -165,9 +180,12 @@ local function index(key, member, ttl)
   if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
 end
 """
-# KEYS: the session, the index of all sessions, its owner's index. ARGV: data, ttl ms, path, id.
+# KEYS: the session, the index of all sessions, its owner's index, the session's previous value.
+# ARGV: data, ttl ms, path, id, "1" to keep the value replaced as the previous one.
 PUT_SESSION_LUA = NOW_MS + INDEX + """
 local ttl = tonumber(ARGV[2])
+local replaced = ARGV[5] == '1' and redis.call('GET', KEYS[1])
+if replaced then redis.call('SET', KEYS[4], replaced, 'PX', ttl) end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ttl)
 index(KEYS[2], ARGV[3], ttl)
 index(KEYS[3], ARGV[4], ttl)
@@ -205,18 +223,19 @@ class RedisSessionStore:
         data = await self._redis.get(REDIS_PREFIX + key.path)
         return data if isinstance(data, bytes) else None  # the client is left in bytes mode
 
-    async def put(self, key: StoreKey, data: bytes, ttl_s: float) -> None:
+    async def put(self, key: StoreKey, data: bytes, ttl_s: float, keep_previous: bool = False) -> None:
         ttl_ms = max(1, int(ttl_s * 1000))
         if key.kind != "session":
             await self._redis.set(REDIS_PREFIX + key.path, data, px=ttl_ms)
             return
-        await self._put_session(keys=[REDIS_PREFIX + key.path, SESSION_INDEX, owner_index(key.owner)],
-                                args=[data, ttl_ms, key.path, key.id])
+        keys = [REDIS_PREFIX + key.path, SESSION_INDEX, owner_index(key.owner), REDIS_PREFIX + key.previous.path]
+        await self._put_session(keys=keys, args=[data, ttl_ms, key.path, key.id, "1" if keep_previous else "0"])
 
     async def delete(self, key: StoreKey) -> None:
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.delete(REDIS_PREFIX + key.path)
             if key.kind == "session":
+                pipe.delete(REDIS_PREFIX + key.previous.path)
                 pipe.zrem(SESSION_INDEX, key.path)
                 pipe.zrem(owner_index(key.owner), key.id)
             await pipe.execute()

@@ -42,6 +42,7 @@ class SessionTurn:
     key: StoreKey | None  # None: a throwaway session, neither saved nor pinned
     loaded: bytes | None = None  # what the store held when the turn started; None: a new session
     saved: bool = False  # saved during the turn, and left unchanged since
+    rewound: bool = False  # continues the session as it was one turn back (`SessionManager.rewind`)
 
     @property
     def persistent(self) -> bool:
@@ -140,16 +141,29 @@ class SessionManager:
                 if not turn.saved:
                     await self.save(turn)
 
-    async def save(self, turn: SessionTurn) -> None:
-        """Store the turn's session now (and keep it); the turn's end saves it again only if it changes after."""
+    async def save(self, turn: SessionTurn, ends_turn: bool = False) -> None:
+        """Store the turn's session now (and keep it); the turn's end saves it again only if it changes after.
+        A save that `ends_turn` keeps the session the turn continued from as the store's previous value."""
         if turn.key is None:
             return
         step_timer.enter("session_save")
         data = turn.trajectory.to_bytes()
-        await self.store.put(turn.key, data, self.ttl_s)
+        await self.store.put(turn.key, data, self.ttl_s, keep_previous=ends_turn and not turn.rewound)
         self.kept.keep(turn.key, data, turn.trajectory)
         turn.saved = True
         step_timer.leave("session_save")
+
+    async def rewind(self, turn: SessionTurn, tools: ToolSchemas | None) -> bool:
+        """Continue the session as it was before its latest turn (kept by the save that ended that turn), when
+        it still is; False when it is not kept."""
+        if turn.key is None:
+            return False
+        data = await self.store.get(turn.key.previous)
+        if data is None:
+            return False
+        turn.trajectory = Trajectory.restore(data, self.template, self.tokenizer, tools, self.policies)
+        turn.rewound = True
+        return True
 
     def roll_back(self, turn: SessionTurn, tools: ToolSchemas | None) -> None:
         """Undo the turn's changes: the session as the store held it when the turn started."""
@@ -157,7 +171,7 @@ class SessionManager:
             turn.trajectory = self._start(turn.trajectory.state.session_id, tools)
         else:
             turn.trajectory = Trajectory.restore(turn.loaded, self.template, self.tokenizer, tools, self.policies)
-        turn.saved = False
+        turn.saved = turn.rewound = False
 
     async def _load_turn(self, key: StoreKey, tools: ToolSchemas | None, max_sessions: int | None) -> SessionTurn:
         data = await self.store.get(key)

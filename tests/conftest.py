@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -92,6 +93,16 @@ def wait_for(condition: Callable[[], bool], timeout_s: float = 30.0) -> bool:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)
+    return True
+
+
+async def wait_for_async(condition: Callable[[], bool], timeout_s: float = 30.0) -> bool:
+    """`wait_for` for a test running on an event loop: polls without blocking the loop."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.01)
     return True
 
 

@@ -60,6 +60,7 @@ class SessionState:
     announced_tool: tuple[str, float, float | None] | None = None  # (name, started_at, estimated seconds)
     prefix_stable: bool = True
     client_digests: list[str] = field(default_factory=list)  # the messages as the client sent/saw them
+    response_ids: list[str] = field(default_factory=list)  # Responses API: the response that ended each turn
     _history: HistoryEncoder | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -109,6 +110,7 @@ class SessionState:
             announced_tool=tuple(payload["announced_tool"]) if payload["announced_tool"] else None,
             prefix_stable=payload["prefix_stable"],
             client_digests=payload["client_digests"],
+            response_ids=payload.get("response_ids", []),  # absent from sessions stored before it was kept
         )
 
     def _rest_to_json(self) -> dict[str, Any]:
@@ -122,6 +124,7 @@ class SessionState:
             "announced_tool": list(self.announced_tool) if self.announced_tool else None,
             "prefix_stable": self.prefix_stable,
             "client_digests": self.client_digests,
+            "response_ids": self.response_ids,
         }
 
 

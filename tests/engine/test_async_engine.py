@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -10,6 +11,7 @@ from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine
 from engine.sampling import RequestError, SamplingParams
 from engine.sequence import SessionRef
+from tests.conftest import wait_for_async
 
 
 @pytest.fixture(scope="module")
@@ -44,11 +46,7 @@ async def test_leaving_the_stream_aborts_and_frees_blocks(engine: AsyncLLMEngine
     first = await anext(stream)
     assert not first.finished
     await stream.aclose()  # what a disconnected client's cancelled task does
-    for _ in range(200):
-        if not engine.engine.has_unfinished():
-            break
-        await asyncio.sleep(0.01)
-    assert not engine.engine.has_unfinished()
+    assert await wait_for_async(lambda: not engine.engine.has_unfinished())
     assert engine.engine.kv.num_free_blocks == free_before
 
 
@@ -58,11 +56,7 @@ async def test_cancelled_task_aborts(engine: AsyncLLMEngine) -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    for _ in range(200):
-        if not engine.engine.has_unfinished():
-            break
-        await asyncio.sleep(0.01)
-    assert not engine.engine.has_unfinished()
+    assert await wait_for_async(lambda: not engine.engine.has_unfinished())
 
 
 async def test_a_reply_not_streamed_comes_as_its_first_token_and_the_rest(engine: AsyncLLMEngine) -> None:
@@ -82,23 +76,26 @@ async def test_a_reply_not_streamed_left_early_frees_its_blocks(engine: AsyncLLM
     stream = engine.generate("left early", SamplingParams(max_tokens=500, ignore_eos=True), every_token=False)
     await anext(stream)  # the first token; the rest is being held
     await stream.aclose()
-    for _ in range(200):
-        if not engine.engine.has_unfinished():
-            break
-        await asyncio.sleep(0.01)
-    assert not engine.engine.has_unfinished() and engine.engine.kv.num_free_blocks == free_before
+    assert await wait_for_async(lambda: not engine.engine.has_unfinished())
+    assert engine.engine.kv.num_free_blocks == free_before
     assert not engine.engine.outputs._states  # nothing held for it
 
 
 async def test_a_burst_of_commands_wakes_the_engine_thread_once_and_runs_them_all(
         engine: AsyncLLMEngine, monkeypatch: pytest.MonkeyPatch) -> None:
-    wakeups = []
+    """Commands put while the thread has not drained the ones before them wake it no more: with the thread held
+    inside a command, a burst of 50 wakes it exactly once, whatever the host's speed."""
+    wakeups: list[int] = []
     monkeypatch.setattr(engine.engine, "wakeup", lambda: wakeups.append(1))
-    await engine.query(lambda e: None)  # the thread has drained: the next command wakes it
+    inside, release = threading.Event(), threading.Event()
+    engine.call(lambda e: (inside.set(), release.wait(30)))
+    assert await asyncio.to_thread(inside.wait, 30)  # the thread drains its commands and runs this one
     wakeups.clear()
-    answers = [engine.query(lambda e, i=i: i) for i in range(50)]  # submitted back to back, no await between
-    assert await asyncio.wait_for(asyncio.gather(*answers), 10) == list(range(50))
-    assert 1 <= len(wakeups) < 10
+    answers = [asyncio.ensure_future(engine.query(lambda e, i=i: i)) for i in range(50)]
+    await asyncio.sleep(0)  # every query has submitted its command
+    release.set()
+    assert await asyncio.wait_for(asyncio.gather(*answers), 60) == list(range(50))
+    assert len(wakeups) == 1
 
 
 async def test_bad_request_raises_before_streaming(engine: AsyncLLMEngine) -> None:

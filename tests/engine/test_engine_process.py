@@ -4,7 +4,6 @@ reused, and a killed engine process started again with its requests re-run from 
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import time
@@ -19,7 +18,7 @@ from engine.sampling import SamplingParams
 from engine.sequence import SessionRef
 from engine.worker.coordinator import DisaggregatedEngine, colocated_engine
 from engine.worker.deployment import DeploymentSettings
-from tests.conftest import cpu_ticks
+from tests.conftest import cpu_ticks, wait_for_async
 
 pytestmark = pytest.mark.slow
 
@@ -117,11 +116,9 @@ async def test_async_front_streams_and_an_abort_frees_the_blocks() -> None:
         stream = engine.generate("a long answer", SamplingParams(max_tokens=500, ignore_eos=True))
         assert not (await anext(stream)).finished
         await stream.aclose()  # type: ignore[attr-defined]
-        for _ in range(500):
-            if not engine.engine.has_unfinished() and engine.engine.stats().kv_blocks_free == free:
-                break
-            await asyncio.sleep(0.01)
-        assert engine.engine.stats().kv_blocks_free == free and engine.engine.stats().running == 0
+        assert await wait_for_async(
+            lambda: not engine.engine.has_unfinished() and engine.engine.stats().kv_blocks_free == free)
+        assert engine.engine.stats().running == 0
     finally:
         engine.shutdown()
 
@@ -164,15 +161,12 @@ async def test_an_idle_engine_process_releases_expired_pins_and_says_so() -> Non
     engine.start()
 
     async def free_blocks_once(done: Callable[[int], bool]) -> int:
-        for _ in range(500):
-            if done(free := engine.engine.stats().kv_blocks_free):
-                return free
-            await asyncio.sleep(0.01)
+        await wait_for_async(lambda: done(engine.engine.stats().kv_blocks_free))
         return engine.engine.stats().kv_blocks_free
 
     try:
         params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
-        [_ async for _ in engine.generate(PROMPTS[2], params, session=SessionRef("short-gap", ttl_s=0.5))]
+        [_ async for _ in engine.generate(PROMPTS[2], params, session=SessionRef("short-gap", ttl_s=3.0))]
         pinned = await free_blocks_once(lambda free: free > 0)  # its first Load is in
         assert 0 < pinned < SETTINGS.num_kv_blocks  # type: ignore[operator]
         # no request comes: the worker expires the pin on its own and reports it

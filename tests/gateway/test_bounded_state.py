@@ -16,6 +16,7 @@ from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine
 from gateway.app import create_app
 from gateway.session_store import (
+    REDIS_PREFIX,
     SESSION_INDEX,
     MemorySessionStore,
     RedisSessionStore,
@@ -24,7 +25,7 @@ from gateway.session_store import (
     session_key,
 )
 from gateway.settings import GatewaySettings
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_for
 from tests.gateway.conftest import serving
 from trajectory.phase import DetectorConfig, Phase, PhaseConfig, PhaseEstimate, PhaseShiftEvent
 from trajectory.phase_monitor import MAX_EVENTS, PhaseMixMonitor
@@ -105,11 +106,14 @@ async def test_the_redis_store_counts_from_its_index_and_prunes_it(redis_db: Cal
     store, other_replica = RedisSessionStore(url), RedisSessionStore(url)
     try:
         for index in range(3):
-            await store.put(session_key("alice", f"s{index}"), b"session", ttl_s=0.3)
-        await store.put(response("alice", "r0"), b"record", ttl_s=0.3)
-        await store.put(session_key("bob", "kept"), b"session", ttl_s=60)
+            await store.put(session_key("alice", f"s{index}"), b"session", ttl_s=3.0)
+        await store.put(response("alice", "r0"), b"record", ttl_s=3.0)
+        await store.put(session_key("bob", "kept"), b"session", ttl_s=600)
         assert await other_replica.count() == 4  # sessions only, every replica's
-        await asyncio.sleep(0.4)
+        for _ in range(300):  # alice's expire after 3 s; bounded at 30 s
+            if raw.ttl(REDIS_PREFIX + session_key("alice", "s2").path) == -2:
+                break
+            await asyncio.sleep(0.1)
         assert await other_replica.count() == 1
         assert raw.zcard(SESSION_INDEX) == 1 and not raw.exists(owner_index("alice"))  # pruned, index expired
         await store.delete(session_key("bob", "kept"))
@@ -158,7 +162,8 @@ def test_metrics_count_sessions_without_a_scan(redis_db: Callable[[int], str]) -
 
 
 def test_the_gateways_per_session_state_shrinks_when_sessions_expire() -> None:
-    settings = GatewaySettings(model="tiny", port=free_port(), session_ttl_s=1.0, default_max_tokens=2)
+    ttl_s = 5.0  # the first six turns take well under it, even on a slow host
+    settings = GatewaySettings(model="tiny", port=free_port(), session_ttl_s=ttl_s, default_max_tokens=2)
     app = create_app(settings, LLMEngine("tiny", EngineSettings(num_kv_blocks=256)))
     gw = app.state.gateway
     with serving(app, settings.port) as base:
@@ -168,18 +173,15 @@ def test_the_gateways_per_session_state_shrinks_when_sessions_expire() -> None:
             httpx.post(f"{base}/v1/chat/completions", headers={"X-Session-Id": f"chat-{index}"}, timeout=30,
                        json={"model": "tiny", "messages": [{"role": "user", "content": f"task {index}"}]})
         assert len(gw.signals.last_arrival) >= 6
-        time.sleep(1.2)
+        time.sleep(ttl_s + 0.2)  # a lower bound: a slower host only lets more expire
         httpx.post(f"{base}/v1/chat/completions", headers={"X-Session-Id": "late"}, timeout=30,
                    json={"model": "tiny", "messages": [{"role": "user", "content": "late"}]}).raise_for_status()
         alone = MemorySessionStore()
-        asyncio.run(alone.put(session_key("anonymous", "late"), b"x", ttl_s=1.0))
+        asyncio.run(alone.put(session_key("anonymous", "late"), b"x", ttl_s=ttl_s))
         assert len(gw.sessions.store) == len(alone)  # 6 sessions and 3 response records gone unread
         late = [session_key("anonymous", "late").path]
-        for _ in range(100):  # the turn's signals are recorded once its reply is out: the client may see it first
-            if list(gw.signals.last_arrival) == late:
-                break
-            time.sleep(0.02)
-        assert list(gw.signals.last_arrival) == late
+        # the turn's signals are recorded once its reply is out: the client may see it first
+        assert wait_for(lambda: list(gw.signals.last_arrival) == late)
 
 
 def test_the_phase_monitor_keeps_only_its_latest_shift_events() -> None:

@@ -91,18 +91,21 @@ def respond(url: str, text: str, previous: str | None = None) -> httpx.Response:
 @pytest.mark.slow
 def test_same_session_turns_on_two_replicas_at_once_never_lose_an_update(replicas: list[Replica]) -> None:
     """Both replicas continue the same response at the same moment: the session's lease lets one turn in at a
-    time, so the second finds its previous response outdated and is refused, instead of both loading one
-    version of the session and the later save erasing the earlier turn."""
+    time, so the second loads the session as the first left it (never one version that both save over) and,
+    continuing from the response before the latest, takes the session's head, as a retry does. The turn it
+    replaced is no longer continuable: its client is told so, not silently continued on the other branch."""
     urls = [url for _, url in replicas]
     latest = respond(urls[0], "Open the failing test.").json()["id"]
     with ThreadPoolExecutor(2) as pool:
         for round_ in range(4):
             text = f"Step {round_}: run it again."
             answers = list(pool.map(respond, urls, [text] * len(urls), [latest] * len(urls)))
-            assert sorted(a.status_code for a in answers) == [200, 400], [a.text for a in answers]
-            refused = next(a for a in answers if a.status_code == 400).json()["error"]
+            assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
+            follows = [respond(url, "Check the output.", a.json()["id"]) for url, a in zip(urls, answers, strict=True)]
+            assert sorted(f.status_code for f in follows) == [200, 400], [f.text for f in follows]
+            refused = next(f for f in follows if f.status_code == 400).json()["error"]
             assert refused["code"] == "previous_response_not_latest"
-            winner = next(a for a in answers if a.status_code == 200).json()
+            winner = next(f for f in follows if f.status_code == 200).json()
             latest = winner["id"]
     follow = respond(urls[1], "Summarise what changed.", latest)
     assert follow.status_code == 200  # the winner of each round is the session's latest on every replica

@@ -108,9 +108,10 @@ def test_unknown_previous_response_is_a_400(client: openai.OpenAI) -> None:
     assert raised.value.code == "previous_response_not_found" and raised.value.param == "previous_response_id"
 
 
-def test_a_continuation_from_an_older_response_is_refused(client: openai.OpenAI) -> None:
+def test_a_continuation_from_two_responses_back_is_refused(client: openai.OpenAI) -> None:
     first = client.responses.create(model="tiny", input="one", max_output_tokens=2)
-    client.responses.create(model="tiny", input="two", previous_response_id=first.id, max_output_tokens=2)
+    second = client.responses.create(model="tiny", input="two", previous_response_id=first.id, max_output_tokens=2)
+    client.responses.create(model="tiny", input="three", previous_response_id=second.id, max_output_tokens=2)
     with pytest.raises(openai.BadRequestError) as raised:
         client.responses.create(model="tiny", input="fork", previous_response_id=first.id, max_output_tokens=2)
     assert raised.value.code == "previous_response_not_latest"

@@ -23,17 +23,22 @@ def a_path() -> str:
 async def test_a_second_holder_waits_for_the_first_then_takes_the_lease(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
     leases, path, order = RedisLeases(client, "test:"), a_path(), []
+    first_in, second_waits = asyncio.Event(), asyncio.Event()
 
-    async def turn(name: str, hold_s: float) -> None:
-        async with leases.hold(path, wait_s=5.0):
+    async def turn(name: str, entered: asyncio.Event, leave: asyncio.Event | None) -> None:
+        async with leases.hold(path, wait_s=60.0):
             order.append(f"{name} in")
-            await asyncio.sleep(hold_s)
+            entered.set()
+            if leave is not None:
+                await leave.wait()
             order.append(f"{name} out")
 
-    first = asyncio.create_task(turn("first", 0.3))
-    await asyncio.sleep(0.05)
-    await turn("second", 0.0)
-    await first
+    first = asyncio.create_task(turn("first", first_in, second_waits))
+    await first_in.wait()
+    second = asyncio.create_task(turn("second", asyncio.Event(), None))
+    await asyncio.sleep(0.3)  # the second holder is waiting (or, on a slow host, about to): either way it must wait
+    second_waits.set()
+    await asyncio.gather(first, second)
     assert order == ["first in", "first out", "second in", "second out"]
     assert await client.get(f"test:lease:{path}") is None  # released
     await client.aclose()
@@ -46,22 +51,23 @@ async def test_a_waiter_is_refused_after_its_wait(redis_url: str) -> None:
         with pytest.raises(SessionBusy) as busy:
             async with leases.hold(path, wait_s=0.2):
                 pass
-    assert 0.2 <= busy.value.waited_s < 1.0
+        assert await client.get(f"test:lease:{path}") is not None  # refused while the first still holds it
+    assert busy.value.waited_s >= 0.2
     await client.aclose()
 
 
 async def test_a_running_turn_keeps_its_lease_past_the_ttl_and_a_dead_holder_loses_it(
         redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(session_lease, "LEASE_TTL_MS", 300)
+    monkeypatch.setattr(session_lease, "LEASE_TTL_MS", 1000)  # renewed every 333 ms: a stall under 667 ms is fine
     client = redis.Redis.from_url(redis_url)
     leases, path = RedisLeases(client, "test:"), a_path()
     async with leases.hold(path, wait_s=1.0):
-        await asyncio.sleep(0.8)  # more than twice the TTL: renewed
+        await asyncio.sleep(2.5)  # more than twice the TTL: renewed
         with pytest.raises(SessionBusy):
             async with leases.hold(path, wait_s=0.1):
                 pass
-    await client.set(f"test:lease:{path}", "a replica that died", px=300)  # never renewed, never released
-    async with leases.hold(path, wait_s=2.0):
+    await client.set(f"test:lease:{path}", "a replica that died", px=1000)  # never renewed, never released
+    async with leases.hold(path, wait_s=30.0):
         assert (await client.get(f"test:lease:{path}")) != b"a replica that died"
     await client.aclose()
 
