@@ -26,14 +26,17 @@ class MaskedSpan:
             raise ValueError(f"invalid masked span {self}: need 0 <= start < end and from_position >= start")
 
 
-def block_keys(spans: Sequence[MaskedSpan], block_size: int) -> ExtraKeys | BlockKeys:
-    """Extra hash keys per block: the spans that shaped that block's KV, clipped to the block's end."""
-    if not spans:
+def block_keys(spans: Sequence[MaskedSpan], block_size: int, salt: str | None = None) -> ExtraKeys | BlockKeys:
+    """Extra hash keys per block: the cache salt on the first (every later hash chains from it, so two salts
+    share no block), and the spans that shaped that block's KV, clipped to the block's end."""
+    if not spans and salt is None:
         return ()
+    salted: ExtraKeys = () if salt is None else (salt,)
 
     def keys(index: int) -> ExtraKeys:
         block_end = (index + 1) * block_size
-        return tuple(value for span in spans if span.from_position < block_end
-                     for value in (span.start, min(span.end, block_end), span.from_position))
+        return (salted if index == 0 else ()) + tuple(
+            value for span in spans if span.from_position < block_end
+            for value in (span.start, min(span.end, block_end), span.from_position))
 
     return keys

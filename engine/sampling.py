@@ -27,6 +27,7 @@ class SamplingParams:
     logprobs: int | None = None  # None: no logprobs; k: the sampled token's and the top k alternatives'
     slo_class: str | None = None  # service class in configs/slo.yaml (queue order, deadlines); None: the default
     every_token: bool = True  # False: outputs at the first token and at the end only (a reply not streamed)
+    cache_salt: str | None = None  # mixed into the first KV block's hash: prefixes are reused only under one salt
 
     def validate(self) -> None:
         checks = [

@@ -52,6 +52,15 @@ async def admin_principal(request: Request) -> Principal:
         raise _refused(gw, error) from None
 
 
+def prefix_cache_salt(gw: GatewayState, principal: Principal, requested: str | None) -> str | None:
+    """What a request's cached prefixes are keyed under: its API key's principal (unless the deployment shares
+    its prefix cache across keys; requests without a key share one cache), and within it the request's own
+    `cache_salt`, so no key learns from `cached_tokens` or timing what another key sent. None: shared."""
+    owner = None if gw.settings.share_prefix_cache or not principal.authenticated else principal.name
+    parts = ([f"key:{owner}"] if owner is not None else []) + ([f"salt:{requested}"] if requested else [])
+    return "\n".join(parts) or None
+
+
 @contextmanager
 def websocket_slot(gw: GatewayState, principal: Principal) -> Iterator[None]:
     """Hold one of the key's open WebSocket connections on this replica; APIError 429 when all are taken."""

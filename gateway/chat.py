@@ -19,7 +19,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from engine.ids import fresh_id
 from engine.sampling import TokenLogprob
-from gateway.access import request_principal
+from gateway.access import prefix_cache_salt, request_principal
 from gateway.auth import Principal
 from gateway.bodies import body_openapi, parse_body
 from gateway.content_log import log_turn
@@ -90,7 +90,8 @@ async def _chat_events(gw: GatewayState, body: ChatCompletionRequest, key: Store
         max_tokens = output_budget(body.max_completion_tokens or body.max_tokens, _max_tokens_param(body),
                                    len(plan.prompt_token_ids), gw.engine.engine.max_model_len,
                                    gw.settings.default_max_tokens)
-        params = [body.sampling_params(max_tokens, body.logprob_count(), i, principal.slo_class)
+        salt = prefix_cache_salt(gw, principal, body.cache_salt)
+        params = [body.sampling_params(max_tokens, body.logprob_count(), i, principal.slo_class, salt)
                   for i in range(body.n)]
         session = plan.session if turn.persistent else None
         stats = turn_stats("chat", plan, turn.persistent)
@@ -126,7 +127,8 @@ async def completions(request: Request) -> Response:
     token_ids = gw.engine.engine.tokenize(prompt)
     max_tokens = output_budget(body.max_tokens, "max_tokens", len(token_ids), gw.engine.engine.max_model_len,
                                COMPLETION_DEFAULT_MAX_TOKENS)
-    params = [body.sampling_params(max_tokens, body.logprobs, i, principal.slo_class) for i in range(body.n)]
+    salt = prefix_cache_salt(gw, principal, body.cache_salt)
+    params = [body.sampling_params(max_tokens, body.logprobs, i, principal.slo_class, salt) for i in range(body.n)]
     echoed = "" if not body.echo else prompt if isinstance(prompt, str) else gw.tokenizer.decode(
         gw.engine.engine.validate(prompt, params[0]))  # ids out of the vocabulary: 400 before the decoder sees them
     choices = [ChoiceResult(i, text=echoed) for i in range(body.n)]  # echo: the prompt, then the completion

@@ -148,6 +148,7 @@ class SamplingFields(RequestBody):
     stream_options: StreamOptions | None = None
     user: str | None = None
     metadata: dict[str, str] | None = None  # OpenAI's: string values; `session_id` names the session
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)  # vLLM's: prefix reuse only within it
 
     @field_validator("stop")
     @classmethod
@@ -168,12 +169,12 @@ class SamplingFields(RequestBody):
         return value
 
     def sampling_params(self, max_tokens: int, logprobs: int | None, choice: int,
-                        slo_class: str | None = None) -> SamplingParams:
+                        slo_class: str | None = None, cache_salt: str | None = None) -> SamplingParams:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         seed = None if self.seed is None else self.seed + choice
         return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
                               top_k=self.top_k, seed=seed, stop=stops, logprobs=logprobs,
-                              ignore_eos=self.ignore_eos, slo_class=slo_class)
+                              ignore_eos=self.ignore_eos, slo_class=slo_class, cache_salt=cache_salt)
 
     @property
     def include_usage(self) -> bool:

@@ -21,7 +21,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
 
 from engine.sampling import SamplingParams
-from gateway.access import request_principal
+from gateway.access import prefix_cache_salt, request_principal
 from gateway.auth import Principal
 from gateway.bodies import body_openapi, parse_body
 from gateway.chat import check_model, gateway_state
@@ -145,7 +145,8 @@ def _prepare(gw: GatewayState, body: ResponseCreateRequest, target: SessionTarge
     max_tokens = output_budget(body.max_output_tokens, "max_output_tokens", len(prompt),
                                gw.engine.engine.max_model_len, gw.settings.default_max_tokens) if body.generate else 1
     params = SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
-                            ignore_eos=body.ignore_eos, slo_class=target.principal.slo_class)
+                            ignore_eos=body.ignore_eos, slo_class=target.principal.slo_class,
+                            cache_salt=prefix_cache_salt(gw, target.principal, body.cache_salt))
     gw.engine.engine.validate(prompt, params)
     return plan, prompt, params
 

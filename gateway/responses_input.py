@@ -34,6 +34,7 @@ class ResponseCreateRequest(RequestBody):
     stream: bool = False
     store: bool = True
     generate: bool = True  # False: a warm-up that only prefills the input into the session's KV
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)  # vLLM's: prefix reuse only within it
 
     @field_validator("input")
     @classmethod

@@ -48,6 +48,7 @@ class GatewaySettings(YamlSettings):
     predictor_model: str | None = None  # next-turn load model; None: the shipped predictor/default_model.pt
     record_sessions: str | None = None  # a JSONL path: record per-turn session statistics (predictor training)
     log_content: bool = False  # log prompt and reply text (logger agentserve.content); off: no text reaches logs
+    share_prefix_cache: bool = False  # reuse cached prefixes across API keys (one tenant); off: per key
     upstreams: list[UpstreamSpec] = Field(default_factory=list)  # serve through these instead of `model`'s engine
     upstream: UpstreamPoolSettings = UpstreamPoolSettings()
 

@@ -33,8 +33,9 @@ from engine.transport.base import KVSender, TransportError
 log = logging.getLogger(__name__)
 
 
-def wire_hashes(token_ids: Sequence[int], block_size: int, masked_spans: Sequence[MaskedSpan]) -> list[int]:
-    keys = block_keys(masked_spans, block_size)
+def wire_hashes(token_ids: Sequence[int], block_size: int, masked_spans: Sequence[MaskedSpan],
+                salt: str | None = None) -> list[int]:
+    keys = block_keys(masked_spans, block_size, salt)
     hashes: list[int] = []
     for index in range(-(-len(token_ids) // block_size)):
         extra = keys(index) if callable(keys) else keys
@@ -156,7 +157,8 @@ class LayerStreamer:
             address = self.targets.get(seq.request_id)
             if address is None or not batch.samples(index):
                 continue
-            hashes = wire_hashes(seq.prompt_token_ids, self.engine.settings.block_size, seq.masked_spans)
+            hashes = wire_hashes(seq.prompt_token_ids, self.engine.settings.block_size, seq.masked_spans,
+                                 seq.params.cache_salt)
             stats = self.stats.setdefault(seq.request_id, TransferStats())
             stats.queued()
             self._queue.put((seq.request_id, stats, address, self._layer_kv(layer, seq.request_id, seq.num_tokens,

@@ -11,10 +11,11 @@ import torch
 from engine.attention import span_mask
 from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine
-from engine.mask import MaskedSpan
+from engine.mask import MaskedSpan, block_keys
 from engine.model_runner import _attended
 from engine.sampling import SamplingParams
 from engine.sequence import Sequence
+from engine.worker.kv_stream import wire_hashes
 
 PROMPT_LEN = 40
 STEPS = 6
@@ -125,3 +126,12 @@ def test_a_step_attends_only_to_what_some_query_of_it_sees(shape: str, num_compu
             assert mask is None
         else:
             assert mask is not None and torch.equal(mask, rows[:, seen])
+
+
+def test_a_cache_salt_keys_the_first_block_and_so_changes_every_chained_hash() -> None:
+    tokens = list(range(1, 50))
+    plain, salted, other = (wire_hashes(tokens, 16, (), salt) for salt in (None, "key:alice", "key:bob"))
+    assert block_keys((), 16) == () and wire_hashes(tokens, 16, ()) == plain  # no salt: the hashes of before
+    keys = block_keys((), 16, "key:alice")
+    assert callable(keys) and keys(0) == ("key:alice",) and keys(1) == ()
+    assert all(len({a, b, c}) == 3 for a, b, c in zip(plain, salted, other, strict=True))

@@ -8,10 +8,13 @@ import json
 import signal
 import subprocess
 import time
+import uuid
+from typing import Any
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from websockets.sync.client import connect
 
 from tests.conftest import openai_client
 from tests.gateway.conftest import ADMIN, ADMIN_HEADERS, GatewayProcess
@@ -108,6 +111,33 @@ def test_a_websocket_session_reuses_its_kv_on_the_decode_worker(
             usages.append(usage)
     for before, after in itertools.pairwise(usages):  # small deltas: prefilled where the KV is
         assert after.input_tokens_details.cached_tokens >= before.input_tokens + before.output_tokens - 16
+
+
+def salted_ws_session(url: str, salt: str, opening: str, turns: int) -> list[dict[str, Any]]:
+    """A Responses WebSocket session under `cache_salt`; each turn's usage."""
+    previous, usages = None, []
+    with connect(url.replace("http://", "ws://") + "/v1/responses") as ws:
+        for turn in range(turns):
+            text = opening if turn == 0 else f"Observation {turn}: " + "the test run printed one line. " * 20
+            ws.send(json.dumps({"type": "response.create", "model": "tiny", "input": text, "temperature": 0,
+                                "max_output_tokens": 6, "cache_salt": salt,
+                                **({"previous_response_id": previous} if previous else {})}))
+            while (event := json.loads(ws.recv(timeout=120)))["type"] not in ("response.completed",
+                                                                              "response.incomplete"):
+                assert event["type"] not in ("error", "response.failed"), event
+            previous = event["response"]["id"]
+            usages.append(event["response"]["usage"])
+    return usages
+
+
+def test_a_salted_session_finds_its_own_kv_on_the_decode_worker_and_no_other_salt_does(
+        disaggregated: tuple[subprocess.Popen[bytes], str]) -> None:
+    _, url = disaggregated
+    opening = f"Observation {uuid.uuid4().hex}: " + "the build log says all tests passed. " * 20
+    usages = salted_ws_session(url, "tenant-a", opening, 3)
+    for before, after in itertools.pairwise(usages):  # the handoff and the decode worker's pin keep the salt
+        assert after["input_tokens_details"]["cached_tokens"] >= before["input_tokens"] + before["output_tokens"] - 16
+    assert salted_ws_session(url, "tenant-b", opening, 1)[0]["input_tokens_details"]["cached_tokens"] == 0
 
 
 def test_admin_capacity_shows_and_pins_the_split(disaggregated: tuple[subprocess.Popen[bytes], str]) -> None:

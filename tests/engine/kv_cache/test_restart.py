@@ -10,6 +10,7 @@ import pytest
 from engine.config import EngineSettings
 from engine.kv_cache.settings import KVCacheSettings
 from engine.llm_engine import LLMEngine
+from engine.sampling import SamplingParams
 from engine.sequence import SessionRef
 from tests.engine.kv_cache.conftest import OwnRedis, opened
 from tests.engine.test_session_kv import run_turn
@@ -54,3 +55,22 @@ def test_another_namespace_finds_nothing(tmp_path: Path) -> None:
     run_turn(writer, prompt, SESSION)
     other = LLMEngine("tiny", EngineSettings(num_kv_blocks=64, block_size=16, kv_cache=kv))
     assert run_turn(other, [*prompt, 5], None).num_cached_tokens == 0
+
+
+def test_a_cache_salt_still_separates_prefixes_after_a_restart(tmp_path: Path) -> None:
+    """Blocks written under one salt are named by salted hashes in the persistent tier: a restarted engine
+    serves them to that salt only."""
+    kv = KVCacheSettings(disk_path=tmp_path / "disk")
+    prompt = list(range(1, 60))
+
+    def cached(engine: LLMEngine, salt: str | None) -> int:
+        params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True, cache_salt=salt)
+        return engine.generate([[*prompt, 5]], params)[0].num_cached_tokens
+
+    writer = make_engine(kv)
+    assert cached(writer, "alice") == 0
+    writer.shutdown()
+    after = make_engine(kv)
+    assert cached(after, "bob") == 0 and cached(after, None) == 0
+    assert cached(after, "alice") == len(prompt) // BLOCK * BLOCK
+    assert after.tiers is not None and after.tiers.tiers.decision.loaded == len(prompt) // BLOCK
