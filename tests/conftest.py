@@ -113,6 +113,18 @@ def cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
+def settle(pids: list[int], timeout_s: float = 30.0) -> None:
+    """Wait (bounded) until each process used at most a tick of CPU in half a second: work a slow host is still
+    finishing must not count as idle polling. A process that polls fast enough to fail an idle check never
+    settles, and the check that follows fails as it should."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        before = [cpu_ticks(pid) for pid in pids]
+        time.sleep(0.5)
+        if all(cpu_ticks(pid) - ticks <= 1 for pid, ticks in zip(pids, before, strict=True)):
+            return
+
+
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real redis-server on a free loopback port, stopped after the session."""

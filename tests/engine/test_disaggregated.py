@@ -18,7 +18,7 @@ from engine.llm_engine import Completion, LLMEngine
 from engine.sampling import RequestError, SamplingParams
 from engine.worker.coordinator import DisaggregatedEngine
 from engine.worker.deployment import DeploymentSettings
-from tests.conftest import cpu_ticks
+from tests.conftest import cpu_ticks, settle
 
 pytestmark = pytest.mark.slow
 
@@ -70,8 +70,7 @@ def test_idle_workers_sleep_on_their_pipes(disaggregated: DisaggregatedEngine) -
     (`ExpectKV`) or its own sent blocks may still be read; idle after a transfer, each waits on its pipe (it polled
     every 2 ms before: about 45 ms of CPU a second on this host), and the next transfer is as whole."""
     assert [r.token_ids for r in disaggregated.generate(PROMPTS[:1], GREEDY)] == colocated(GREEDY)[:1]
-    time.sleep(0.2)  # the receiver has read the sent blocks; every worker has reported idle
-    used = _idle_ticks(disaggregated)
+    used = _idle_ticks(disaggregated)  # once the receiver has read the sent blocks and every worker reported idle
     assert max(used) <= 3, f"clock ticks of CPU in 2 s idle, per worker: {used}"
     received = sum(c.received for c in disaggregated.kv_counters().values())
     assert [r.token_ids for r in disaggregated.generate(PROMPTS[1:3], GREEDY)] == colocated(GREEDY)[1:3]
@@ -86,14 +85,14 @@ def test_an_abort_during_the_prefill_ends_the_decode_workers_wait_for_the_kv(
     disaggregated.abort(request_id)
     while disaggregated.has_unfinished():
         disaggregated.step()
-    time.sleep(0.2)
     assert max(_idle_ticks(disaggregated)) <= 3
     assert [r.token_ids for r in disaggregated.generate(PROMPTS[:1], GREEDY)] == colocated(GREEDY)[:1]
 
 
 def _idle_ticks(engine: DisaggregatedEngine, seconds: float = 2.0) -> list[int]:
-    """Clock ticks of CPU each worker process used over `seconds`."""
+    """Clock ticks of CPU each worker process used over `seconds`, once they settled."""
     pids = [w.process.pid for w in engine.workers]
+    settle(pids)
     before = [cpu_ticks(pid) for pid in pids]
     time.sleep(seconds)
     return [cpu_ticks(pid) - ticks for pid, ticks in zip(pids, before, strict=True)]

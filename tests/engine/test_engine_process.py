@@ -18,7 +18,7 @@ from engine.sampling import SamplingParams
 from engine.sequence import SessionRef
 from engine.worker.coordinator import DisaggregatedEngine, colocated_engine
 from engine.worker.deployment import DeploymentSettings
-from tests.conftest import cpu_ticks, wait_for_async
+from tests.conftest import cpu_ticks, settle, wait_for_async
 
 pytestmark = pytest.mark.slow
 
@@ -63,6 +63,7 @@ def test_an_idle_engine_process_sleeps_on_its_pipe(process: DisaggregatedEngine)
     """With no KV receivers every input is a command on its pipe, so an idle turn waits 50 ms for one instead of
     polling every 2 ms (about 35 ms of CPU a second on this host). It still answers at once."""
     pid = process.workers[0].process.pid
+    settle([pid])
     before = cpu_ticks(pid)
     time.sleep(2.0)
     assert cpu_ticks(pid) - before <= 3, "more than 30 ms of CPU in 2 s idle"
