@@ -65,7 +65,8 @@ def size_kv_cache(config: ModelConfig, settings: EngineSettings, engines: int = 
     available, fraction, what = _usable_memory(device, settings)
     unloaded = 0 if weights_loaded else engines * weight_bytes(config, getattr(torch, settings.dtype))
     budget = max(0, int(available * fraction) - unloaded) // engines
-    source = f"{fraction * 100:g}% of {available / GIB:.1f} GiB {what}" + (f", split {engines} ways" if engines > 1 else "")
+    split = f", split {engines} ways" if engines > 1 else ""
+    source = f"{fraction * 100:g}% of {available / GIB:.1f} GiB {what}{split}"
     return KVCacheSize(max(1, budget // block_bytes), block_bytes, settings.block_size, source)
 
 
