@@ -148,8 +148,9 @@ class EngineSettings(YamlSettings):
     device: str = "cpu"
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
     step_trace_dir: str | None = None  # each step's time and batch, a JSON line each (engine/step_trace.py)
-    # A GGUF model's quantized matrices: dequantized at load (exact), or kept quantized (CPU int4/int8 kernels)
-    gguf_weights: Literal["dequantize", "quantized"] = "dequantize"
+    # A GGUF model's quantized matrices: dequantized at load (exact), kept quantized (CPU int4/int8 kernels), or
+    # auto: kept quantized on the CPU, where they step faster (scripts/weights_mode_steps.py), dequantized elsewhere
+    gguf_weights: Literal["auto", "dequantize", "quantized"] = "auto"
     # Queue order: fcfs (arrival order) or slo (VIP, TTFT deadline and session fairness; see engine/batcher.py)
     queue_policy: Literal["fcfs", "slo"] = "fcfs"
     # A streamed reply's outputs: its first token, then every stream_interval tokens, then its end (vLLM's and

@@ -14,35 +14,39 @@ import time
 
 from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine
+from engine.loader import GGUFWeights
 from engine.sampling import SamplingParams
 
-MODES = ("dequantize", "quantized")
+MODES: tuple[GGUFWeights, ...] = ("dequantize", "quantized")
 
 
-def decode_step_times(engine: LLMEngine, batch: int, context: int, steps: int) -> list[float]:
-    """Wall seconds of each step once `batch` greedy streams, each after its own `context`-token prompt, decode."""
+def decode_step_times(engine: LLMEngine, batch: int, context: int, steps: int) -> tuple[float, list[float]]:
+    """The prefill's tokens/s of `batch` greedy streams' own `context`-token prompts, and the wall seconds of
+    each decode step that follows."""
     vocab = engine.config.vocab_size
     for stream in range(batch):
         prompt = [100 + (7 * i + 13 * stream) % (vocab - 100) for i in range(context)]
         engine.add_request(prompt, SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True))
+    start = time.perf_counter()
     while any(seq.num_computed_tokens < context for seq in engine.scheduler.running) or engine.scheduler.waiting:
         engine.step()  # the prompts, in chunks
+    prefill_tokens_per_s = batch * context / (time.perf_counter() - start)
     times = []
     while engine.has_unfinished():
         start = time.perf_counter()
         engine.step()
         times.append(time.perf_counter() - start)
     engine.reset_prefix_cache()
-    return times[1:-1]  # the first may finish prefills, the last only ends streams
+    return prefill_tokens_per_s, times[1:-1]  # the first may finish prefills, the last only ends streams
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--context", type=int, default=256)
-    parser.add_argument("--steps", type=int, default=24)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--context", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     engines = {mode: LLMEngine(args.model, EngineSettings(gguf_weights=mode, num_threads=args.threads,
                                                           num_kv_blocks=1024, max_num_batched_tokens=512))
@@ -53,7 +57,10 @@ def main() -> None:
     for _ in range(args.rounds):
         for batch in (1, 16):
             for mode in MODES:
-                times[mode, batch] += decode_step_times(engines[mode], batch, args.context, args.steps)
+                prefill, samples = decode_step_times(engines[mode], batch, args.context, args.steps)
+                times[mode, batch] += samples
+                print(f"  {mode} batch {batch}: round median {statistics.median(samples) * 1e3:.1f} ms, prefill "
+                      f"{prefill:.0f} tok/s", flush=True)
     for (mode, batch), samples in times.items():
         median = statistics.median(samples)
         print(f"{mode:>10} batch {batch:>2}: step median {median * 1e3:6.1f} ms, fastest {min(samples) * 1e3:6.1f} ms "
