@@ -15,6 +15,7 @@ import json
 import os
 import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +31,10 @@ def served_round(settings: PeerSettings, folder: Path) -> dict[str, Any]:
     with running_server(AGENTSERVE_QUANTIZED, settings, None, folder) as server:
         target = Target(server.url, settings.model, keeps_sessions=True)
         asyncio.run(warm_up(target))
-        for old in trace.glob("*.jsonl"):
-            old.unlink()
+        start = time.monotonic()  # the trace's clock: the warm-up's steps are before it
         result = asyncio.run(decode(target, settings, lambda: None))
-    steps = [json.loads(line) for path in trace.glob("*.jsonl") for line in path.read_text().splitlines()]
+    lines = [json.loads(line) for path in trace.glob("*.jsonl") for line in path.read_text().splitlines()]
+    steps = [step for step in lines if step["start"] > start]
     decodes = [s for s in steps if len(s["batch"]) == 1 and s["batch"][0][0] == 1 and s["idle_s"] is not None]
     return {"tokens_per_s": result["tokens_per_s"], "step_s": statistics.median(s["seconds"] for s in decodes),
             "cpu_s": statistics.median(s["cpu_s"] for s in decodes),
