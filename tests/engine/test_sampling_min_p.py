@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.config import EngineSettings
 from engine.sampling import RequestError, Sampler, SamplingParams
+from engine.worker.coordinator import colocated_engine
 
 
 def draws(logits: torch.Tensor, params: SamplingParams, count: int) -> list[int]:
@@ -41,3 +43,16 @@ def test_min_p_one_is_greedy_and_zero_changes_nothing() -> None:
 def test_min_p_outside_zero_to_one_is_refused(min_p: float) -> None:
     with pytest.raises(RequestError, match=r"min_p must be in \[0, 1\]"):
         SamplingParams(min_p=min_p).validate()
+
+
+def test_min_p_reaches_an_engine_in_its_worker_process() -> None:
+    """The gateway's default engine runs in a worker process: min_p 1 there is greedy too."""
+    engine = colocated_engine("tiny", EngineSettings(num_kv_blocks=64))
+    try:
+        prompts: list[str | list[int]] = [[1, 40, 41, 42]] * 3
+        greedy = engine.generate(prompts[:1], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+        filtered = engine.generate(prompts, [SamplingParams(max_tokens=6, temperature=2.0, min_p=1.0, seed=seed,
+                                                            ignore_eos=True) for seed in range(3)])
+        assert [done.token_ids for done in filtered] == [greedy[0].token_ids] * 3
+    finally:
+        engine.shutdown()
