@@ -61,9 +61,9 @@ def main() -> None:
                 times[mode, batch] += samples
                 print(f"  {mode} batch {batch}: round median {statistics.median(samples) * 1e3:.1f} ms, prefill "
                       f"{prefill:.0f} tok/s", flush=True)
-    for (mode, batch), samples in times.items():
+    for (name, batch), samples in times.items():
         median = statistics.median(samples)
-        print(f"{mode:>10} batch {batch:>2}: step median {median * 1e3:6.1f} ms, fastest {min(samples) * 1e3:6.1f} ms "
+        print(f"{name:>10} batch {batch:>2}: step median {median * 1e3:6.1f} ms, fastest {min(samples) * 1e3:6.1f} ms "
               f"({batch / median:6.1f} tok/s); {len(samples)} steps", flush=True)
     print(f"1-minute load {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores, {args.threads} threads")
 
