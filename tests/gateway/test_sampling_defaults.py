@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine
@@ -16,10 +17,11 @@ from engine.sampling_defaults import SamplingDefaults, model_sampling_defaults
 from gateway.protocol import ChatCompletionRequest
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port, openai_client
-from tests.gateway.conftest import running_gateway
+from tests.gateway.conftest import running_gateway, serving
+from tests.gateway.test_upstream_protocol import Fake
 
 SMOLLM2_CARD = SamplingDefaults(temperature=0.2, top_p=0.9)
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+QUESTION: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 def test_a_built_in_model_has_its_cards_defaults_and_others_openais() -> None:
@@ -60,7 +62,7 @@ def test_responses_echo_the_sampling_they_ran_with(smollm2_url: str) -> None:
         body = {"model": "smollm2", "input": "Say hi.", "max_output_tokens": 2, "store": False, **fields}
         response = httpx.post(f"{smollm2_url}/v1/responses", json=body, timeout=120)
         assert response.status_code == 200, response.text
-        return response.json()  # type: ignore[no-any-return]
+        return response.json()
 
     defaulted = create()
     assert (defaulted["temperature"], defaulted["top_p"]) == (0.2, 0.9)
@@ -82,7 +84,7 @@ def test_min_p_one_is_greedy_on_every_surface(smollm2_url: str) -> None:
     filtered = client.completions.create(model="smollm2", prompt=prompt, max_tokens=8, temperature=1.5, seed=3,
                                          extra_body={"min_p": 1.0})
     assert filtered.choices[0].text == plain.choices[0].text
-    body = {"model": "smollm2", "input": QUESTION[0]["content"], "max_output_tokens": 8, "store": False}
+    body = {"model": "smollm2", "input": "What is the capital of France?", "max_output_tokens": 8, "store": False}
     texts = [httpx.post(f"{smollm2_url}/v1/responses", json={**body, **fields}, timeout=120).json()["output"][0]
              ["content"][0]["text"] for fields in ({"temperature": 0}, {"temperature": 1.5, "min_p": 1.0})]
     assert texts[0] == texts[1]
@@ -93,3 +95,28 @@ def test_min_p_out_of_range_is_a_400(smollm2_url: str) -> None:
                           json={"model": "smollm2", "messages": QUESTION, "min_p": 1.5})
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "min_p"
+
+
+@pytest.fixture
+def chat_upstream() -> Iterator[tuple[Fake, str]]:
+    """An OpenAI chat server on loopback that records the bodies it receives."""
+    fake = Fake("chat")
+    with serving(fake.app(), free_port()) as url:
+        yield fake, url
+
+
+def test_upstreams_get_the_resolved_sampling_and_top_k_and_min_p_where_set(
+        chat_upstream: tuple[Fake, str]) -> None:
+    """Through an upstream, the model's defaults fill temperature and top_p as on the embedded engine; top_k and
+    min_p go only where the request sets them (otherwise the upstream's own apply)."""
+    chat, upstream_url = chat_upstream
+    settings = GatewaySettings(model="smollm2", port=free_port(), default_max_tokens=8,
+                               upstreams=[upstream_url + "/v1"])
+    ask = {"model": "smollm2", "messages": QUESTION, "max_tokens": 4}
+    with running_gateway(settings) as url:
+        for fields in ({}, {"temperature": 0.7, "top_k": 40, "min_p": 0.05}):
+            assert httpx.post(f"{url}/v1/chat/completions", json={**ask, **fields}, timeout=60).status_code == 200
+    defaulted, chosen = (seen["body"] for seen in chat.seen)
+    assert (defaulted["temperature"], defaulted["top_p"]) == (0.2, 0.9)
+    assert "top_k" not in defaulted and "min_p" not in defaulted
+    assert (chosen["temperature"], chosen["top_p"], chosen["top_k"], chosen["min_p"]) == (0.7, 0.9, 40, 0.05)
