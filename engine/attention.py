@@ -10,6 +10,8 @@ otherwise.
 
 from __future__ import annotations
 
+import math
+import mmap
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -119,7 +121,15 @@ def span_mask(num_computed: int, query_len: int, spans: list[tuple[int, int, int
 
 def new_kv_cache(num_slots: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
                  device: torch.device | str = "cpu") -> torch.Tensor:
-    return torch.zeros(2, num_slots, num_kv_heads, head_dim, dtype=dtype, device=device)
+    """Zeroed (a slot no step wrote must not hold a NaN that masked attention multiplies by 0). On the host in
+    an anonymous memory mapping, whose pages the kernel zeroes on first touch: a cache sized from the RAM
+    (engine/kv_cache/sizing.py) then takes memory as its blocks fill, not all at start (4 GiB: 12 s of
+    zeroing on a busy 2-core host)."""
+    shape = (2, num_slots, num_kv_heads, head_dim)
+    if torch.device(device).type != "cpu" or not num_slots:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).view(shape)
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,

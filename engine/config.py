@@ -93,6 +93,7 @@ class ModelConfig:
     @classmethod
     def from_yaml(cls, path: Path) -> ModelConfig:
         d = yaml.safe_load(path.read_text())
+        d.pop("sampling", None)  # the model's sampling defaults (engine/sampling_defaults.py)
         d["eos_token_ids"] = tuple(d.get("eos_token_ids", ()))
         return cls(**d)
 
@@ -134,8 +135,12 @@ class EngineSettings(YamlSettings):
     config_file: ClassVar[str] = "engine.yaml"
 
     block_size: int = 16
-    num_kv_blocks: int | None = None  # None: derived from kv_cache_bytes
-    kv_cache_bytes: int = 512 * 1024 * 1024
+    # The paged KV cache's size (engine/kv_cache/sizing.py): num_kv_blocks, else kv_cache_bytes, else a share of the
+    # memory the deployment may use: of the RAM available at start on the CPU, of the free device memory on a GPU
+    num_kv_blocks: int | None = Field(default=None, ge=1)
+    kv_cache_bytes: int | None = Field(default=None, ge=1)
+    kv_cache_memory_fraction: float = Field(default=0.25, gt=0, le=1)
+    kv_cache_device_memory_fraction: float = Field(default=0.8, gt=0, le=1)
     max_num_batched_tokens: int = 512  # per-step token budget (chunked prefill)
     max_num_seqs: int = 64
     enable_prefix_caching: bool = True
@@ -143,8 +148,9 @@ class EngineSettings(YamlSettings):
     device: str = "cpu"
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
     step_trace_dir: str | None = None  # each step's time and batch, a JSON line each (engine/step_trace.py)
-    # A GGUF model's quantized matrices: dequantized at load (exact), or kept quantized (CPU int4/int8 kernels)
-    gguf_weights: Literal["dequantize", "quantized"] = "dequantize"
+    # A GGUF model's quantized matrices: dequantized at load (exact), kept quantized (CPU int4/int8 kernels), or
+    # auto: kept quantized on the CPU, where they step faster (scripts/weights_mode_steps.py), dequantized elsewhere
+    gguf_weights: Literal["auto", "dequantize", "quantized"] = "auto"
     # Queue order: fcfs (arrival order) or slo (VIP, TTFT deadline and session fairness; see engine/batcher.py)
     queue_policy: Literal["fcfs", "slo"] = "fcfs"
     # A streamed reply's outputs: its first token, then every stream_interval tokens, then its end (vLLM's and

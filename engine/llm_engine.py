@@ -17,6 +17,7 @@ from engine.block_manager import HeldBlocks, KVCacheManager
 from engine.config import EngineSettings
 from engine.kv_cache.engine_tiers import TierHooks, make_tier_hooks
 from engine.kv_cache.policy import make_policy
+from engine.kv_cache.sizing import sized_settings
 from engine.loader import load_model
 from engine.mask import MaskedSpan
 from engine.model_runner import ModelRunner
@@ -78,6 +79,7 @@ class LLMEngine:
         self.checkpoint = loaded.checkpoint
         self.tokenizer = load_tokenizer_or_none(loaded.checkpoint)
         self.max_model_len = self.config.max_position_embeddings
+        self.settings = settings = sized_settings(self.config, settings, model)
         self.num_blocks = num_kv_blocks(self.config, settings)
         self.slo = slo or load_slo_config()
         self.validator = RequestValidator(self.config, self.tokenizer, settings.block_size, self.num_blocks,

@@ -23,7 +23,7 @@ from engine.model import LlamaForCausalLM
 
 INDEX_FILE = "model.safetensors.index.json"
 DROPPED_SUFFIXES = ("rotary_emb.inv_freq",)
-GGUFWeights = Literal["dequantize", "quantized"]
+GGUFWeights = Literal["auto", "dequantize", "quantized"]
 
 
 class ModelLoadError(ValueError):
@@ -82,7 +82,8 @@ def resolve_model(name_or_path: str) -> ModelSource:
 
 def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                gguf_weights: GGUFWeights = "dequantize") -> LoadedModel:
-    """`gguf_weights="quantized"` keeps a GGUF file's quantized matrices quantized (CPU kernels)."""
+    """`gguf_weights="quantized"` keeps a GGUF file's quantized matrices quantized (CPU kernels); "auto" does on
+    the CPU and dequantizes on other devices (no kernels there)."""
     source = resolve_model(name_or_path)
     config, checkpoint = source.config, source.checkpoint
     if checkpoint is None:
@@ -91,7 +92,7 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, device: to
         return LoadedModel(config, _assemble(config, read_safetensors(checkpoint), dtype, device), checkpoint)
     gguf = _read_gguf(checkpoint)
     model = _assemble(config, {name: t.dequantize() for name, t in gguf.tensors.items()}, dtype, device)
-    if gguf_weights == "quantized":
+    if gguf_weights == "quantized" or (gguf_weights == "auto" and torch.device(device).type == "cpu"):
         _keep_quantized(model, gguf, device)
     return LoadedModel(config, model, checkpoint)
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from engine.config import EngineSettings, ModelConfig
+from engine.kv_cache.sizing import size_kv_cache
 from engine.loader import resolve_model
 from engine.sampling import RequestError, SamplingParams
 from engine.tokenizer import Tokenizer, TokenizerNotFoundError, load_tokenizer
@@ -16,20 +15,12 @@ from engine.tokenizer import Tokenizer, TokenizerNotFoundError, load_tokenizer
 Prompt = str | list[int]
 
 
-def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    element = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_hidden_layers * block_size * config.num_key_value_heads * config.head_dim * element
-
-
 def num_kv_blocks(config: ModelConfig, settings: EngineSettings) -> int:
-    """Blocks the cache gets: what kv_cache_bytes affords. Not capped at what max_num_seqs running requests can
+    """Blocks the cache gets (engine/kv_cache/sizing.py). Not capped at what max_num_seqs running requests can
     use: the prefix cache and the sessions' pinned KV hold blocks between turns too. Capped so (64 full contexts,
     131k tokens of `tiny`), the swe agent benchmark's live sessions outgrew the pool within 16 s at 16 sessions/s,
     their evicted history was prefilled again, and TTFT ran away."""
-    if settings.num_kv_blocks:
-        return settings.num_kv_blocks
-    block_bytes = kv_bytes_per_block(config, settings.block_size, getattr(torch, settings.dtype))
-    return max(1, settings.kv_cache_bytes // block_bytes)
+    return size_kv_cache(config, settings).num_blocks
 
 
 def read_model_config(name_or_path: str) -> tuple[ModelConfig, Path | None]:

@@ -3,6 +3,7 @@ saved and restored, so a request moved to another process continues with the sam
 
 from __future__ import annotations
 
+import math
 import secrets
 from dataclasses import dataclass, field
 
@@ -19,6 +20,7 @@ class SamplingParams:
     temperature: float = 1.0  # 0 means greedy
     top_k: int | None = None  # None: no top-k cut
     top_p: float = 1.0
+    min_p: float = 0.0  # drop tokens less likely than min_p times the most likely one (after temperature); 0: none
     seed: int | None = None  # None: a random seed per request
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
@@ -35,6 +37,7 @@ class SamplingParams:
             (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
             (self.top_k is None or self.top_k >= 1, f"top_k must be >= 1, got {self.top_k}"),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
             (self.seed is None or -2**63 <= self.seed < 2**64, f"seed must fit 64 bits, got {self.seed}"),
             (all(self.stop), "stop strings must not be empty"),
             (self.logprobs is None or 0 <= self.logprobs <= 20, f"logprobs must be in [0, 20], got {self.logprobs}"),
@@ -110,7 +113,7 @@ class Sampler:
 
 def _step_probabilities(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """[N, vocab] logits to probabilities, in place: the rows with a temperature only in one op, the others
-    (top-k, top-p) one by one."""
+    (top-k, top-p, min-p) one by one."""
     plain = [i for i, p in enumerate(params) if _temperature_only(p)]
     if plain:
         temperatures = torch.tensor([_temperature(params[i], logits.dtype) for i in plain], dtype=logits.dtype)
@@ -123,7 +126,7 @@ def _step_probabilities(logits: torch.Tensor, params: list[SamplingParams]) -> t
 
 
 def _temperature_only(p: SamplingParams) -> bool:
-    return p.top_p >= 1.0 and p.top_k is None
+    return p.top_p >= 1.0 and p.top_k is None and p.min_p <= 0.0
 
 
 def _temperature(p: SamplingParams, dtype: torch.dtype) -> float:
@@ -136,6 +139,8 @@ def _probabilities(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     if p.top_k is not None and p.top_k < logits.numel():
         kth = torch.topk(logits, p.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
+    if p.min_p > 0.0:  # the logits are shifted so the most likely token's is 0: its probability ratio is exp(logit)
+        logits = logits.masked_fill(logits < math.log(p.min_p), float("-inf"))
     if p.top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True)
         cumulative = sorted_logits.softmax(-1).cumsum(-1)

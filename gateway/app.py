@@ -16,6 +16,7 @@ from engine.async_engine import AsyncLLMEngine, ServingEngine
 from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine
+from engine.sampling_defaults import model_sampling_defaults
 from gateway import admin, chat, content_log, ops, responses, responses_ws
 from gateway.admission import AdmissionController
 from gateway.auth import HoldLimits, KeyRing
@@ -70,7 +71,8 @@ def build_state(settings: GatewaySettings, engine: ServingEngine) -> GatewayStat
     holds = HoldLimits(limits.max_sessions_per_key, limits.max_websockets_per_key)
     return GatewayState(settings, async_engine, engine.tokenizer, sessions,
                         KeyRing.from_config(settings.api_keys, settings.auth_enabled, holds),
-                        open_rate_limiter(settings.redis_url), admission, metrics, signals)
+                        open_rate_limiter(settings.redis_url), admission, metrics, signals,
+                        model_sampling_defaults(settings.model, engine.checkpoint))
 
 
 def serving_engine(settings: GatewaySettings, engine: ServingEngine, metrics: Metrics) -> AsyncLLMEngine:

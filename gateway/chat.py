@@ -91,7 +91,7 @@ async def _chat_events(gw: GatewayState, body: ChatCompletionRequest, key: Store
                                    len(plan.prompt_token_ids), gw.engine.engine.max_model_len,
                                    gw.settings.default_max_tokens)
         salt = prefix_cache_salt(gw, principal, body.cache_salt)
-        params = [body.sampling_params(max_tokens, body.logprob_count(), i, principal.slo_class, salt)
+        params = [body.sampling_params(gw.sampling, max_tokens, body.logprob_count(), i, principal.slo_class, salt)
                   for i in range(body.n)]
         session = plan.session if turn.persistent else None
         stats = turn_stats("chat", plan, turn.persistent)
@@ -128,7 +128,8 @@ async def completions(request: Request) -> Response:
     max_tokens = output_budget(body.max_tokens, "max_tokens", len(token_ids), gw.engine.engine.max_model_len,
                                COMPLETION_DEFAULT_MAX_TOKENS)
     salt = prefix_cache_salt(gw, principal, body.cache_salt)
-    params = [body.sampling_params(max_tokens, body.logprobs, i, principal.slo_class, salt) for i in range(body.n)]
+    params = [body.sampling_params(gw.sampling, max_tokens, body.logprobs, i, principal.slo_class, salt)
+              for i in range(body.n)]
     echoed = "" if not body.echo else prompt if isinstance(prompt, str) else gw.tokenizer.decode(
         gw.engine.engine.validate(prompt, params[0]))  # ids out of the vocabulary: 400 before the decoder sees them
     choices = [ChoiceResult(i, text=echoed) for i in range(body.n)]  # echo: the prompt, then the completion

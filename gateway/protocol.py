@@ -11,6 +11,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInf
 from pydantic_core import PydanticCustomError
 
 from engine.sampling import SamplingParams
+from engine.sampling_defaults import SamplingDefaults
 from gateway.errors import APIError
 from trajectory.observations import ObservationUsers, observation_users
 from trajectory.template_types import Message
@@ -136,9 +137,11 @@ def observation_rule(metadata: dict[str, str] | None) -> ObservationUsers | None
 class SamplingFields(RequestBody):
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0)
-    top_p: float = Field(default=1.0, gt=0, le=1)
+    # Unset (None): the model's default (engine/sampling_defaults.py); OpenAI's without one
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=1)
+    min_p: float | None = Field(default=None, ge=0, le=1)  # vLLM's and llama.cpp's extension
     seed: int | None = None
     ignore_eos: bool = False  # vLLM's extension: generate max_tokens whatever the model says (benchmarks)
     stop: str | list[str] | None = None
@@ -168,12 +171,12 @@ class SamplingFields(RequestBody):
                                       "max_tokens at least as large and no stop strings")
         return value
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None, choice: int,
+    def sampling_params(self, defaults: SamplingDefaults, max_tokens: int, logprobs: int | None, choice: int,
                         slo_class: str | None = None, cache_salt: str | None = None) -> SamplingParams:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         seed = None if self.seed is None else self.seed + choice
-        return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
-                              top_k=self.top_k, seed=seed, stop=stops, logprobs=logprobs,
+        sampling = defaults.resolve(self.temperature, self.top_p, self.top_k, self.min_p)
+        return SamplingParams(max_tokens=max_tokens, **sampling, seed=seed, stop=stops, logprobs=logprobs,
                               ignore_eos=self.ignore_eos, slo_class=slo_class, cache_salt=cache_salt)
 
     @property

@@ -85,7 +85,7 @@ async def response_events(gw: GatewayState, body: ResponseCreateRequest, target:
     that fails or is abandoned before its terminal event leaves the session as it was. Events nobody sees as
     they come (`streamed` off: an HTTP response not streamed) take the engine's outputs at the first token and
     the end only."""
-    stream = ResponseStream(gw.model_name, body.echo(), parse_tools=bool(target.tools),
+    stream = ResponseStream(gw.model_name, body.echo(body.sampling(gw.sampling)), parse_tools=bool(target.tools),
                             max_tool_calls=None if body.parallel_tool_calls else 1)
     async with gw.sessions.open(target.key, target.tools, target.principal.holds.sessions) as turn:
         await _continue_from_previous(gw, turn, target, body)
@@ -144,8 +144,8 @@ def _prepare(gw: GatewayState, body: ResponseCreateRequest, target: SessionTarge
     prompt = plan.prompt_token_ids if body.generate else turn.trajectory.state.token_ids
     max_tokens = output_budget(body.max_output_tokens, "max_output_tokens", len(prompt),
                                gw.engine.engine.max_model_len, gw.settings.default_max_tokens) if body.generate else 1
-    params = SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
-                            ignore_eos=body.ignore_eos, slo_class=target.principal.slo_class,
+    params = SamplingParams(max_tokens=max_tokens, **body.sampling(gw.sampling), ignore_eos=body.ignore_eos,
+                            slo_class=target.principal.slo_class,
                             cache_salt=prefix_cache_salt(gw, target.principal, body.cache_salt))
     gw.engine.engine.validate(prompt, params)
     return plan, prompt, params

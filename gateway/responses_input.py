@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import Field, field_validator
 from pydantic_core import PydanticCustomError
 
+from engine.sampling_defaults import SamplingDefaults
 from gateway.errors import APIError
 from gateway.protocol import RequestBody, ToolChoice, content_text, is_text_part
 from trajectory.template_types import Message, Role
@@ -26,8 +27,10 @@ class ResponseCreateRequest(RequestBody):
     tool_choice: ToolChoice = "auto"
     parallel_tool_calls: bool = True  # False: only the first tool call the model writes is kept
     max_output_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0, le=2)
-    top_p: float = Field(default=1.0, gt=0, le=1)
+    # Unset (None): the model's default (engine/sampling_defaults.py); OpenAI's without one
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    min_p: float | None = Field(default=None, ge=0, le=1)  # vLLM's extension
     ignore_eos: bool = False  # vLLM's extension: generate max_output_tokens whatever the model says
     metadata: dict[str, str] | None = None
     user: str | None = None  # an end-user id, echoed; it changes no output (OpenAI uses it for abuse monitoring)
@@ -43,12 +46,16 @@ class ResponseCreateRequest(RequestBody):
             raise PydanticCustomError("empty_input", "the input is empty: send a string or at least one item")
         return value
 
-    def echo(self) -> dict[str, Any]:
-        """The request fields a response object repeats."""
+    def sampling(self, defaults: SamplingDefaults) -> dict[str, Any]:
+        """The request's sampling: what it sets, the model's defaults for the rest (Responses has no top_k)."""
+        return defaults.resolve(self.temperature, self.top_p, None, self.min_p)
+
+    def echo(self, sampling: dict[str, Any]) -> dict[str, Any]:
+        """The request fields a response object repeats, with the sampling it runs with."""
         return {"instructions": self.instructions, "previous_response_id": self.previous_response_id,
                 "tools": self.tools or [], "tool_choice": self.tool_choice,
                 "parallel_tool_calls": self.parallel_tool_calls, "max_output_tokens": self.max_output_tokens,
-                "temperature": self.temperature, "top_p": self.top_p, "metadata": self.metadata or {},
+                "temperature": sampling["temperature"], "top_p": sampling["top_p"], "metadata": self.metadata or {},
                 "user": self.user, "store": self.store, "text": {"format": {"type": "text"}},
                 "truncation": "disabled", "reasoning": None, "background": False}
 

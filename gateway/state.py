@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.async_engine import AsyncLLMEngine
+from engine.sampling_defaults import SamplingDefaults
 from engine.tokenizer import Tokenizer
 from gateway.admission import AdmissionController
 from gateway.auth import KeyRing
@@ -27,6 +28,7 @@ class GatewayState:
     admission: AdmissionController
     metrics: Metrics
     signals: LoadSignals
+    sampling: SamplingDefaults = field(default_factory=SamplingDefaults)  # the model's, for what a request leaves unset
     draining: bool = False
     in_flight: int = 0  # API requests not yet fully answered
     websockets: dict[str, int] = field(default_factory=dict)  # principal -> open Responses WebSockets

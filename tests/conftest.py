@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,6 +17,10 @@ import transformers
 
 from agents_eval.bench.agent.gateway import free_port as free_port  # the tests import it from here
 from agents_eval.bench.redis_server import running_redis
+
+# Engines size their KV cache from the RAM available at start and allocate it eagerly; the tests start many
+# engines at once (processes of their own included, which inherit this), so they keep a fixed, small pool.
+os.environ.setdefault("AGENTSERVE_ENGINE_KV_CACHE_BYTES", str(512 * 1024 * 1024))
 
 HF_CLASSES = {
     "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),

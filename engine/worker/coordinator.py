@@ -21,6 +21,7 @@ from multiprocessing.connection import wait
 
 from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
+from engine.kv_cache.sizing import sized_settings
 from engine.llm_engine import Completion, run_to_completion
 from engine.mask import MaskedSpan
 from engine.output import RequestOutput
@@ -49,9 +50,10 @@ class DisaggregatedEngine(WorkerQueries):
     def __init__(self, model: str, settings: EngineSettings | None = None,
                  deployment: DeploymentSettings | None = None, capacity: CapacitySettings | None = None) -> None:
         """capacity None: no capacity controller (the roles stay as deployed; the colocated engine)."""
-        self.settings = settings or EngineSettings()
         self.deployment = deployment or DeploymentSettings()
         self.config, self.checkpoint = read_model_config(model)
+        self.settings = sized_settings(self.config, settings or EngineSettings(), model,
+                                       engines=self.deployment.prefill + self.deployment.decode, weights_loaded=False)
         self.max_model_len = self.config.max_position_embeddings
         self.tokenizer = load_tokenizer_or_none(self.checkpoint)
         self.validator = RequestValidator(self.config, self.tokenizer, self.settings.block_size,

@@ -58,6 +58,10 @@ def openai_message(message: Message) -> dict[str, Any]:
 def sampling_fields(params: SamplingParams) -> dict[str, Any]:
     fields: dict[str, Any] = {"max_tokens": params.max_tokens, "temperature": params.temperature,
                               "top_p": params.top_p}
+    if params.top_k is not None:
+        fields["top_k"] = params.top_k
+    if params.min_p:
+        fields["min_p"] = params.min_p
     if params.seed is not None:
         fields["seed"] = params.seed
     if params.stop:

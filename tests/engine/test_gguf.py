@@ -69,7 +69,8 @@ def test_weights_and_config_equal_transformers_loading_the_same_file(arch: str, 
 @pytest.mark.parametrize("arch,qtype", [("llama", QType.Q4_1), ("qwen2", QType.Q4_K)])
 def test_engine_logits_and_greedy_ids_equal_transformers(arch: str, qtype: QType, tmp_path: Path) -> None:
     path = write_gguf(tmp_path / "model.gguf", arch, qtype, tie=True)
-    engine = LLMEngine(str(path), EngineSettings(block_size=8, num_kv_blocks=256, max_num_batched_tokens=48))
+    exact = EngineSettings(block_size=8, num_kv_blocks=256, max_num_batched_tokens=48, gguf_weights="dequantize")
+    engine = LLMEngine(str(path), exact)
     assert engine.config.tie_word_embeddings
     batch = prompts(engine.config.vocab_size)
     params = SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True, return_logits=True)
@@ -124,7 +125,7 @@ def test_quantized_engine_generates_like_the_exact_one(arch: str, qtype: QType, 
     path = write_gguf(tmp_path / "model.gguf", arch, qtype)  # qwen2: fused q/k/v with their biases
     batch, steps = prompts(320)[:4], 8
     settings = dict(block_size=8, num_kv_blocks=256)
-    exact = LLMEngine(str(path), EngineSettings(**settings)).generate(
+    exact = LLMEngine(str(path), EngineSettings(**settings, gguf_weights="dequantize")).generate(
         batch, SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True))
     contexts = [prompt + done.token_ids[:step] for prompt, done in zip(batch, exact, strict=True)
                 for step in range(steps)]

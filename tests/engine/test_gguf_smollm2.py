@@ -42,7 +42,8 @@ def chat_prompts(gguf_path: Path) -> list[list[int]]:
 
 def test_batched_logits_and_greedy_ids_equal_transformers(reference: torch.nn.Module,
                                                           chat_prompts: list[list[int]]) -> None:
-    engine = LLMEngine("smollm2", EngineSettings(max_num_batched_tokens=128, num_kv_blocks=512))
+    exact = EngineSettings(max_num_batched_tokens=128, num_kv_blocks=512, gguf_weights="dequantize")  # the parity
+    engine = LLMEngine("smollm2", exact)
     assert engine.config.num_hidden_layers == 30 and engine.config.vocab_size == 49152
     params = SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True, return_logits=True)
     results = engine.generate(chat_prompts, params)

@@ -73,7 +73,7 @@ def chat_requests(gw: RunningGateway, count: int, max_tokens: int, seed: int) ->
                                       sessions.policies)
         plan = trajectory.add_messages([m.to_message() for m in body.messages])
         requests.append(ChatRequest(json.dumps(payload), plan.prompt_token_ids, plan.masked_spans,
-                                    body.sampling_params(max_tokens, body.logprob_count(), 0)))
+                                    body.sampling_params(gw.state.sampling, max_tokens, body.logprob_count(), 0)))
     return requests
 
 
