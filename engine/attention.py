@@ -17,6 +17,8 @@ from functools import cached_property
 import torch
 import torch.nn.functional as F
 
+from engine.block_selection import QueryCapture
+
 
 @dataclass
 class QuerySpan:
@@ -91,11 +93,13 @@ class AttentionMetadata:
     spans: list[QuerySpan]
     layer_done: Callable[[int], None] | None = None  # called after each layer (layer-wise KV streaming)
     decode_batch: DecodeBatch | None = None  # the decode spans, attended together (ModelRunner.batch_decodes)
+    query_capture: QueryCapture | None = None  # rows whose queries score the history blocks (`query` policy)
 
     def to(self, device: torch.device) -> AttentionMetadata:
         batch = None if self.decode_batch is None else self.decode_batch.to(device)
+        capture = None if self.query_capture is None else QueryCapture(self.query_capture.rows.to(device))
         return AttentionMetadata(self.slot_mapping.to(device), [p.to(device) for p in self.spans], self.layer_done,
-                                 batch)
+                                 batch, capture)
 
 
 def causal_mask(num_computed: int, query_len: int) -> torch.Tensor | None:
@@ -104,14 +108,15 @@ def causal_mask(num_computed: int, query_len: int) -> torch.Tensor | None:
     return None if num_computed == 0 else span_mask(num_computed, query_len, [])
 
 
-def span_mask(num_computed: int, query_len: int, spans: list[tuple[int, int, int]]) -> torch.Tensor:
+def span_mask(num_computed: int, query_len: int, spans: list[tuple[int, int, int, int | None]]) -> torch.Tensor:
     """Causal mask [query_len, num_computed + query_len] for the queries at positions num_computed.. that also
-    skips each (start, end, from_position) span for queries at or after from_position. A query always sees
-    itself, so no row is empty. Built by slices, a few small ops per span: a decode step builds one per masked
-    stream."""
+    skips each (start, end, from_position, until_position) span for queries in [from_position, until_position)
+    (until None: to the end). A query always sees itself, so no row is empty. Built by slices, a few small ops
+    per span: a decode step builds one per masked stream."""
     allowed = torch.ones(query_len, num_computed + query_len, dtype=torch.bool).tril_(num_computed)
-    for start, end, from_position in spans:
-        allowed[max(0, from_position - num_computed):, start:end] = False
+    for start, end, from_position, until_position in spans:
+        last = query_len if until_position is None else max(0, until_position - num_computed)
+        allowed[max(0, from_position - num_computed):last, start:end] = False
     rows = torch.arange(query_len)
     allowed[rows, rows + num_computed] = True
     return allowed
