@@ -8,7 +8,15 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from engine.attention import AttentionMetadata, DecodeBatch, QuerySpan, causal_mask, new_kv_cache, span_mask
+from engine.attention import (
+    AttentionMetadata,
+    ContextBlocks,
+    DecodeBatch,
+    QuerySpan,
+    causal_mask,
+    new_kv_cache,
+    span_mask,
+)
 from engine.block_selection import BlockSummaries, QueryCapture, block_scores
 from engine.config import ModelConfig
 from engine.mask import MaskedSpan, spans_skipping_blocks
@@ -147,13 +155,28 @@ class ModelRunner:
             ids.extend(entry.seq.token_ids(start, end))
             positions.append(torch.arange(start, end))
             slot_mapping.append(context[start:])
-            spans.append(QuerySpan(len(ids) - entry.num_new, entry.num_new, *_attended(entry.seq, start, end, context)))
+            slots, mask, visible = _attended(entry.seq, start, end, context)
+            blocks = None if visible is None else self._whole_blocks(visible, entry.block_ids)
+            spans.append(QuerySpan(len(ids) - entry.num_new, entry.num_new, slots, mask, context_blocks=blocks))
         meta = AttentionMetadata(torch.cat(slot_mapping), spans,
                                  decode_batch=DecodeBatch.of(spans) if self.batch_decodes else None)
         to = self.device
         if to.type != "cpu":
             meta = meta.to(to)
         return torch.tensor(ids, device=to), torch.cat(positions).to(to), meta
+
+    def _whole_blocks(self, visible: torch.Tensor, block_ids: list[int]) -> ContextBlocks | None:
+        """The visible context as whole blocks (the last one as far as it goes), or None when a block is
+        partly visible."""
+        size = self.block_size
+        full = visible.numel() // size
+        by_block = visible[:full * size].view(full, size)
+        kept = by_block.all(dim=1)
+        if not bool((kept | ~by_block.any(dim=1)).all()) or not bool(visible[full * size:].all()):
+            return None
+        table = torch.tensor(block_ids[:-(-visible.numel() // size)], dtype=torch.long)
+        ids = torch.cat((table[:full][kept], table[full:]))
+        return ContextBlocks(ids, size)
 
     def _contexts(self, entries: list[_Entry]) -> list[torch.Tensor]:
         """Each entry's context slots, positions 0 up to its step's end, from one tensor for the whole step (a
@@ -198,18 +221,22 @@ def _spans(seq: Sequence) -> list[tuple[int, int, int, int | None]]:
     return [(span.start, span.end, span.from_position, span.until_position) for span in seq.attention_spans]
 
 
-def _attended(seq: Sequence, start: int, end: int, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The context slots the queries at positions start..end attend to, and their mask (None: none needed, a
-    fresh prefill's causal one aside). A history mask shrinks attention rather than adding a mask to it: the
-    tokens every query of the chunk skips (a span in force from the chunk's start to its end) are left out of
-    its context, so a decode step's query attends to the rest unmasked and skipped blocks are never read."""
+def _attended(seq: Sequence, start: int, end: int, context: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The context slots the queries at positions start..end attend to, their mask (None: none needed, a
+    fresh prefill's causal one aside), and which positions those are (None: all). A history mask shrinks
+    attention rather than adding a mask to it: the tokens every query of the chunk skips (a span in force from
+    the chunk's start to its end) are left out of its context, so a decode step's query attends to the rest
+    unmasked and skipped blocks are never read."""
     spans = seq.attention_spans
     if not spans:
-        return context, None if end - start == 1 else causal_mask(start, end - start)
+        return context, None if end - start == 1 else causal_mask(start, end - start), None
     visible = torch.ones(end, dtype=torch.bool)
     for span in spans:
         if span.skips_for(start) and span.skips_for(end - 1):  # a query always sees itself: only columns before
             visible[span.start:min(span.end, start)] = False  # the chunk go
+    if bool(visible.all()):
+        return context, None if end - start == 1 else span_mask(start, end - start, _spans(seq)), None
     if end - start == 1:
-        return context[visible], None
-    return context[visible], span_mask(start, end - start, _spans(seq))[:, visible]
+        return context[visible], None, visible
+    return context[visible], span_mask(start, end - start, _spans(seq))[:, visible], visible

@@ -117,7 +117,7 @@ def test_a_step_attends_only_to_what_some_query_of_it_sees(shape: str, num_compu
     slots = torch.arange(100, 100 + PROMPT_LEN + 4)  # position p's cache slot is 100 + p
     for query_len in {1, 3, PROMPT_LEN + 4 - num_computed}:
         end = min(num_computed + query_len, PROMPT_LEN + 4)
-        context, mask = _attended(seq, num_computed, end, slots[:end])
+        context, mask, _ = _attended(seq, num_computed, end, slots[:end])
         rows = reference[num_computed:end, :end]
         seen = rows.any(dim=0)
         assert context.tolist() == (100 + torch.nonzero(seen).flatten()).tolist(), (num_computed, query_len)
