@@ -52,6 +52,7 @@ class QuerySelection:
     sink_tokens: int = 4
     recent_tokens: int = 256
     kept: tuple[tuple[int, int], ...] = ()
+    kept_from: int | None = None  # every position from here on (the previous and current turn)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.budget <= 1.0 or self.refresh_steps < 1:
@@ -61,6 +62,8 @@ class QuerySelection:
         """Blocks of the first num_tokens positions that are never skipped."""
         recent = max(0, num_tokens - max(1, self.recent_tokens))  # the query's own block at least
         ranges = [(0, self.sink_tokens), (recent, num_tokens), *self.kept]
+        if self.kept_from is not None:
+            ranges.append((self.kept_from, num_tokens))
         return {block for start, end in ranges for block in range(start // block_size, -(-min(end, num_tokens)
                                                                                           // block_size))}
 
