@@ -84,3 +84,39 @@ def test_query_selection_is_exact_over_the_blocks_it_picks(
     dense = hf_masked_logits(model, prompt() + tokens[:-1], [])[PROMPT_LEN - 1:]
     assert not torch.allclose(dense[2:], reference[2:], atol=1e-3), "the selection must skip something"
     assert len(engine.runner.summaries) == 0  # dropped with the request
+
+
+def test_block_summaries_follow_the_kv_to_other_blocks() -> None:
+    """Summaries come from the KV itself: KV read out (a hand-off, a demotion to a tier) and written back into
+    other blocks (the decode side, a promotion) summarises the same, and blocks summarised before are not redone."""
+    engine = LLMEngine("tiny", EngineSettings(block_size=BLOCK, num_kv_blocks=64))
+    runner = engine.runner
+    for cache in runner.kv_caches:
+        cache.copy_(torch.randn(cache.shape, generator=torch.Generator().manual_seed(3)))
+    before = runner.summaries.bounds("a", [0, 1, 2, 3], runner.kv_caches).clone()
+    moved = [10, 11, 12, 13]
+    for layer in range(len(runner.kv_caches)):
+        runner.write_kv(layer, moved, 0, runner.read_kv(layer, [0, 1, 2, 3], 4 * BLOCK))
+    assert torch.equal(runner.summaries.bounds("b", moved, runner.kv_caches), before)
+    keys = runner.kv_caches[1][0, 2 * BLOCK:3 * BLOCK]
+    assert torch.equal(before[1, 0, 2], keys.amin(dim=0)) and torch.equal(before[1, 1, 2], keys.amax(dim=0))
+    runner.kv_caches[0][0, :BLOCK] += 1.0  # block 0 changed after it was summarised for "a": kept as it was
+    assert torch.equal(runner.summaries.bounds("a", [0, 1, 2, 3, 4], runner.kv_caches)[:, :, :4], before)
+    runner.release("a")
+    runner.release("b")
+    assert len(runner.summaries) == 0
+
+
+def test_whole_blocks_are_gathered_as_the_token_slots() -> None:
+    engine = LLMEngine("tiny", EngineSettings(block_size=BLOCK, num_kv_blocks=64))
+    runner = engine.runner
+    cache = torch.randn(runner.kv_caches[0].shape, generator=torch.Generator().manual_seed(4))
+    table = [9, 3, 20, 21, 7]
+    visible = torch.ones(4 * BLOCK + 3, dtype=torch.bool)
+    visible[BLOCK:3 * BLOCK] = False
+    blocks = runner._whole_blocks(visible, table)
+    assert blocks is not None and blocks.block_ids.tolist() == [9, 21, 7]
+    slots = runner._block_slots(table)[:visible.numel()][visible]
+    assert torch.equal(blocks.gather(cache, int(visible.sum())), cache.index_select(1, slots))
+    visible[BLOCK + 1] = True  # a block partly visible: slot by slot
+    assert runner._whole_blocks(visible, table) is None
