@@ -5,7 +5,9 @@ slot = block_id * block_size + offset. A step's tokens are flattened, one span p
 chunk, or the single token of a decode). Each layer writes the step's new K/V into their slots, then each
 span attends over the slots of its sequence's whole context (cached prefix + new tokens): read in place
 when those slots are consecutive (a sequence whose blocks follow each other), gathered without padding
-otherwise.
+otherwise. A span whose history is sparse (blocks skipped by masks or by the `query` selection) attends to the
+slots it keeps only, gathered block by block when it keeps whole blocks: a skipped block is neither read nor
+multiplied.
 """
 
 from __future__ import annotations
