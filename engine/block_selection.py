@@ -35,6 +35,8 @@ class BlockSummaries:
         of the request's table), computing only the blocks not summarised before."""
         known = self._requests.setdefault(request_id, RequestSummaries())
         same = _common_prefix(known.block_ids, block_ids)
+        if known.bounds is not None and same == len(block_ids) == len(known.block_ids):
+            return known.bounds
         kept = None if known.bounds is None else known.bounds[:, :, :same]
         new = block_summaries(kv_caches, block_ids[same:], self.block_size)
         known.bounds = new if kept is None else torch.cat((kept, new), dim=2)

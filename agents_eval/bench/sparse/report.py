@@ -81,8 +81,10 @@ def notes(report: dict[str, Any]) -> list[str]:
             "is the share actually skipped (short contexts cannot skip 75%).",
             "skip_one_block: one block skipped, so the rest goes through the gathered (block-sparse) path: "
             "how much of a speed-up comes from gathering the history rather than reading it in place.",
-            f"query_refresh: a decode step of the query policy that also summarises and scores the blocks; "
-            f"query_amortized spreads it over {s['refresh_steps']} steps that attend like skip_0.5.",
+            "query_refresh: a decode step of the query policy that scores the blocks (their summaries kept from "
+            "the warm-up round); its picks apply from the next position, and the timed step repeats the same one, "
+            "so it reads the whole history: it is a dense step plus the scoring. query_amortized spreads its "
+            f"cost over {s['refresh_steps']} steps that attend like skip_0.5, an upper bound of the policy's step.",
             f"prefill: {s['prefill_tokens']} new tokens per stream after the history, the skipped blocks masked "
             "for the whole chunk."]
 
