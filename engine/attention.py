@@ -13,7 +13,7 @@ multiplied.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
@@ -50,6 +50,7 @@ class QuerySpan:
     attn_mask: torch.Tensor | None  # [query_len, context_len] bool, True = attend; None: plain causal
     host_slots: torch.Tensor | None = None  # context_slots in host memory, when those are on a device
     context_blocks: ContextBlocks | None = None  # the same context as whole blocks, when history was skipped
+    _tiled_masks: dict[tuple[int, torch.dtype], torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
     def context_len(self) -> int:
@@ -59,6 +60,17 @@ class QuerySpan:
     def is_decode(self) -> bool:
         """One query token: what a `DecodeBatch` takes (a decode step, or a one-token prefill chunk, alike here)."""
         return self.query_len == 1
+
+    def tiled_mask(self, group: int, dtype: torch.dtype) -> torch.Tensor:
+        """[group x query_len, context_len]: the mask once per query head of a group, as the additive mask
+        attention turns a boolean one into; built once per step, not once per layer."""
+        assert self.attn_mask is not None
+        tiled = self._tiled_masks.get((group, dtype))
+        if tiled is None:
+            allowed = self.attn_mask.repeat(group, 1)
+            tiled = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, -torch.inf)
+            self._tiled_masks[(group, dtype)] = tiled
+        return tiled
 
     @cached_property
     def first_slot(self) -> int | None:
@@ -188,12 +200,28 @@ def _attend_span(q: torch.Tensor, kv_cache: torch.Tensor, span: QuerySpan, scale
         grouped = q.view(1, num_kv_heads, num_heads // num_kv_heads, q.shape[2])  # head h uses kv head h // group
         out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=span.attn_mask, scale=scale)
         return out.reshape(1, num_heads, q.shape[2])
+    if span.attn_mask is not None and num_kv_heads != num_heads:
+        return _attend_grouped_chunk(q, keys, values, span, scale)
     if num_kv_heads != num_heads:
         keys = keys.repeat_interleave(num_heads // num_kv_heads, dim=1)
         values = values.repeat_interleave(num_heads // num_kv_heads, dim=1)
     out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys, values, attn_mask=span.attn_mask,
                                          is_causal=span.attn_mask is None, scale=scale)
     return out.squeeze(0).transpose(0, 1)
+
+
+def _attend_grouped_chunk(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, span: QuerySpan,
+                          scale: float) -> torch.Tensor:
+    """A chunk after a cached history: each KV head's query heads stacked into its query rows, the mask
+    tiled to match, so the history's K/V are read in place once instead of copied once per query head."""
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = keys.shape[1]
+    group = num_heads // num_kv_heads
+    rows = q.view(num_tokens, num_kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(1, num_kv_heads, -1, head_dim)
+    out = F.scaled_dot_product_attention(rows, keys, values, attn_mask=span.tiled_mask(group, q.dtype),
+                                         scale=scale)
+    return out.view(num_kv_heads, group, num_tokens, head_dim).permute(2, 0, 1, 3).reshape(num_tokens, num_heads,
+                                                                                           head_dim)
 
 
 def _context_kv(kv_cache: torch.Tensor, span: QuerySpan) -> torch.Tensor:

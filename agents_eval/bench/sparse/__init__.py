@@ -36,7 +36,7 @@ class SparseBenchSettings:
     batches: tuple[int, ...] = (1, 16)
     skipped: tuple[float, ...] = (0.0, 0.5, 0.75)
     decode_repeats: int = 7
-    prefill_tokens: int = 64  # a new observation, prefilled after the history
+    prefill_tokens: int = 16  # new tokens prefilled after the history (prefill time is per chunk)
     prefill_repeats: int = 2
     refresh_steps: int = 16  # the query policy's decode steps between selections
     num_threads: int = 2
