@@ -39,7 +39,7 @@ class SparseBenchSettings:
     prefill_tokens: int = 16  # new tokens prefilled after the history (prefill time is per chunk)
     prefill_repeats: int = 2
     refresh_steps: int = 16  # the query policy's decode steps between selections
-    num_threads: int = 2
+    num_threads: int = 1  # two threads on a core shared with other work stall on each other (docs/sparse_history.md)
     seed: int = 0
 
     @classmethod
