@@ -14,7 +14,7 @@ from queue import Empty, SimpleQueue
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from engine.ids import fresh_id
-from engine.mask import MaskedSpan
+from engine.mask import MaskedSpan, QuerySelection
 from engine.output import RequestOutput
 from engine.requests import Prompt
 from engine.sampling import RequestError, SamplingParams
@@ -64,7 +64,8 @@ class ServingEngine(Protocol):
     def tokenize(self, prompt: Prompt) -> list[int]: ...
     def validate(self, prompt: Prompt, params: SamplingParams) -> list[int]: ...
     def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *,
-                    masked_spans: Sequence[MaskedSpan] = (), session: SessionRef | None = None) -> str: ...
+                    masked_spans: Sequence[MaskedSpan] = (), session: SessionRef | None = None,
+                    selection: QuerySelection | None = None) -> str: ...
     def abort(self, request_id: str) -> object: ...
     def has_unfinished(self) -> bool: ...
     def step(self) -> list[RequestOutput]: ...
@@ -103,8 +104,9 @@ class AsyncLLMEngine:
         self.engine.shutdown(timeout)
 
     async def generate(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *,
-                       masked_spans: Sequence[MaskedSpan] = (),
-                       session: SessionRef | None = None, every_token: bool = True) -> AsyncIterator[RequestOutput]:
+                       masked_spans: Sequence[MaskedSpan] = (), session: SessionRef | None = None,
+                       every_token: bool = True, selection: QuerySelection | None = None
+                       ) -> AsyncIterator[RequestOutput]:
         """Stream the request's outputs; raises RequestError before the first output on bad input. Without
         `every_token`, only two: the first token's and the last, which carries every delta since the first
         (`SamplingParams.every_token`, held where the tokens are made)."""
@@ -118,7 +120,7 @@ class AsyncLLMEngine:
             raise RequestError(f"request id {request_id!r} is already running")
         queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), queue)
-        self._submit(lambda: self._add(token_ids, params, request_id, masked_spans, session))
+        self._submit(lambda: self._add(token_ids, params, request_id, masked_spans, session, selection))
         finished = False
         try:
             while not finished:
@@ -163,9 +165,11 @@ class AsyncLLMEngine:
             self.engine.wakeup()
 
     def _add(self, token_ids: list[int], params: SamplingParams, request_id: str,
-             masked_spans: Sequence[MaskedSpan], session: SessionRef | None) -> None:
+             masked_spans: Sequence[MaskedSpan], session: SessionRef | None,
+             selection: QuerySelection | None = None) -> None:
         try:
-            self.engine.add_request(token_ids, params, request_id, masked_spans=masked_spans, session=session)
+            self.engine.add_request(token_ids, params, request_id, masked_spans=masked_spans, session=session,
+                                    selection=selection)
         except ValueError as error:
             self._deliver(request_id, error)
         except RuntimeError as error:  # no worker left to take it

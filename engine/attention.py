@@ -5,7 +5,9 @@ slot = block_id * block_size + offset. A step's tokens are flattened, one span p
 chunk, or the single token of a decode). Each layer writes the step's new K/V into their slots, then each
 span attends over the slots of its sequence's whole context (cached prefix + new tokens): read in place
 when those slots are consecutive (a sequence whose blocks follow each other), gathered without padding
-otherwise.
+otherwise. A span whose history is sparse (blocks skipped by masks or by the `query` selection) attends to the
+slots it keeps only, gathered block by block when it keeps whole blocks: a skipped block is neither read nor
+multiplied.
 """
 
 from __future__ import annotations
@@ -13,11 +15,31 @@ from __future__ import annotations
 import math
 import mmap
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
 import torch.nn.functional as F
+
+from engine.block_selection import QueryCapture
+
+
+@dataclass
+class ContextBlocks:
+    """A sparse context made of whole cache blocks, the last one possibly cut short: gathered block by block
+    (a block's K or V is one run of memory), several times faster than slot by slot."""
+
+    block_ids: torch.Tensor  # [n] long
+    block_size: int
+
+    def gather(self, kv_cache: torch.Tensor, context_len: int) -> torch.Tensor:
+        """[2, context_len, KV, D]: the blocks' K and V, in order."""
+        kv_heads, head_dim = kv_cache.shape[2:]
+        blocks = kv_cache.view(2, -1, self.block_size * kv_heads * head_dim).index_select(1, self.block_ids)
+        return blocks.view(2, -1, kv_heads, head_dim)[:, :context_len]
+
+    def to(self, device: torch.device) -> ContextBlocks:
+        return ContextBlocks(self.block_ids.to(device), self.block_size)
 
 
 @dataclass
@@ -29,6 +51,8 @@ class QuerySpan:
     context_slots: torch.Tensor  # [context_len] long: slots of the whole context, new tokens last
     attn_mask: torch.Tensor | None  # [query_len, context_len] bool, True = attend; None: plain causal
     host_slots: torch.Tensor | None = None  # context_slots in host memory, when those are on a device
+    context_blocks: ContextBlocks | None = None  # the same context as whole blocks, when history was skipped
+    _tiled_masks: dict[tuple[int, torch.dtype], torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
     def context_len(self) -> int:
@@ -38,6 +62,17 @@ class QuerySpan:
     def is_decode(self) -> bool:
         """One query token: what a `DecodeBatch` takes (a decode step, or a one-token prefill chunk, alike here)."""
         return self.query_len == 1
+
+    def tiled_mask(self, group: int, dtype: torch.dtype) -> torch.Tensor:
+        """[group x query_len, context_len]: the mask once per query head of a group, as the additive mask
+        attention turns a boolean one into; built once per step, not once per layer."""
+        assert self.attn_mask is not None
+        tiled = self._tiled_masks.get((group, dtype))
+        if tiled is None:
+            allowed = self.attn_mask.repeat(group, 1)
+            tiled = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, -torch.inf)
+            self._tiled_masks[(group, dtype)] = tiled
+        return tiled
 
     @cached_property
     def first_slot(self) -> int | None:
@@ -52,7 +87,8 @@ class QuerySpan:
     def to(self, device: torch.device) -> QuerySpan:
         mask = None if self.attn_mask is None else self.attn_mask.to(device)
         host = self.context_slots if self.context_slots.device.type == "cpu" else self.host_slots
-        return QuerySpan(self.query_start, self.query_len, self.context_slots.to(device), mask, host)
+        blocks = None if self.context_blocks is None else self.context_blocks.to(device)
+        return QuerySpan(self.query_start, self.query_len, self.context_slots.to(device), mask, host, blocks)
 
 
 MAX_BATCHED_DECODE_SLOTS = 1 << 20  # decode streams x their longest context, beyond which each attends alone
@@ -93,11 +129,13 @@ class AttentionMetadata:
     spans: list[QuerySpan]
     layer_done: Callable[[int], None] | None = None  # called after each layer (layer-wise KV streaming)
     decode_batch: DecodeBatch | None = None  # the decode spans, attended together (ModelRunner.batch_decodes)
+    query_capture: QueryCapture | None = None  # rows whose queries score the history blocks (`query` policy)
 
     def to(self, device: torch.device) -> AttentionMetadata:
         batch = None if self.decode_batch is None else self.decode_batch.to(device)
+        capture = None if self.query_capture is None else QueryCapture(self.query_capture.rows.to(device))
         return AttentionMetadata(self.slot_mapping.to(device), [p.to(device) for p in self.spans], self.layer_done,
-                                 batch)
+                                 batch, capture)
 
 
 def causal_mask(num_computed: int, query_len: int) -> torch.Tensor | None:
@@ -106,14 +144,15 @@ def causal_mask(num_computed: int, query_len: int) -> torch.Tensor | None:
     return None if num_computed == 0 else span_mask(num_computed, query_len, [])
 
 
-def span_mask(num_computed: int, query_len: int, spans: list[tuple[int, int, int]]) -> torch.Tensor:
+def span_mask(num_computed: int, query_len: int, spans: list[tuple[int, int, int, int | None]]) -> torch.Tensor:
     """Causal mask [query_len, num_computed + query_len] for the queries at positions num_computed.. that also
-    skips each (start, end, from_position) span for queries at or after from_position. A query always sees
-    itself, so no row is empty. Built by slices, a few small ops per span: a decode step builds one per masked
-    stream."""
+    skips each (start, end, from_position, until_position) span for queries in [from_position, until_position)
+    (until None: to the end). A query always sees itself, so no row is empty. Built by slices, a few small ops
+    per span: a decode step builds one per masked stream."""
     allowed = torch.ones(query_len, num_computed + query_len, dtype=torch.bool).tril_(num_computed)
-    for start, end, from_position in spans:
-        allowed[max(0, from_position - num_computed):, start:end] = False
+    for start, end, from_position, until_position in spans:
+        last = query_len if until_position is None else max(0, until_position - num_computed)
+        allowed[max(0, from_position - num_computed):last, start:end] = False
     rows = torch.arange(query_len)
     allowed[rows, rows + num_computed] = True
     return allowed
@@ -171,6 +210,8 @@ def _attend_span(q: torch.Tensor, kv_cache: torch.Tensor, span: QuerySpan, scale
         grouped = q.view(1, num_kv_heads, num_heads // num_kv_heads, q.shape[2])  # head h uses kv head h // group
         out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=span.attn_mask, scale=scale)
         return out.reshape(1, num_heads, q.shape[2])
+    if span.attn_mask is not None and num_kv_heads != num_heads:
+        return _attend_grouped_chunk(q, keys, values, span, scale)
     if num_kv_heads != num_heads:
         keys = keys.repeat_interleave(num_heads // num_kv_heads, dim=1)
         values = values.repeat_interleave(num_heads // num_kv_heads, dim=1)
@@ -179,8 +220,25 @@ def _attend_span(q: torch.Tensor, kv_cache: torch.Tensor, span: QuerySpan, scale
     return out.squeeze(0).transpose(0, 1)
 
 
+def _attend_grouped_chunk(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, span: QuerySpan,
+                          scale: float) -> torch.Tensor:
+    """A chunk after a cached history: each KV head's query heads stacked into its query rows, the mask
+    tiled to match, so the history's K/V are read in place once instead of copied once per query head."""
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = keys.shape[1]
+    group = num_heads // num_kv_heads
+    rows = q.view(num_tokens, num_kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(1, num_kv_heads, -1, head_dim)
+    out = F.scaled_dot_product_attention(rows, keys, values, attn_mask=span.tiled_mask(group, q.dtype),
+                                         scale=scale)
+    return out.view(num_kv_heads, group, num_tokens, head_dim).permute(2, 0, 1, 3).reshape(num_tokens, num_heads,
+                                                                                           head_dim)
+
+
 def _context_kv(kv_cache: torch.Tensor, span: QuerySpan) -> torch.Tensor:
-    """[2, context_len, KV, D]: a view of the cache when the span's slots are consecutive, else a gathered copy."""
+    """[2, context_len, KV, D]: a view of the cache when the span's slots are consecutive, else a gathered copy
+    (by blocks when the context is whole blocks)."""
+    if span.context_blocks is not None:
+        return span.context_blocks.gather(kv_cache, span.context_len)
     first = span.first_slot
     if first is None:
         return kv_cache.index_select(1, span.context_slots)

@@ -11,7 +11,7 @@ import torch
 
 from engine.kv_wire import KVBlock
 from engine.llm_engine import LLMEngine
-from engine.mask import MaskedSpan
+from engine.mask import MaskedSpan, QuerySelection
 from engine.sampling import SamplingParams
 from engine.sequence import Sequence, SessionRef
 
@@ -26,6 +26,7 @@ class Handoff:
     num_cached_tokens: int
     masked_spans: tuple[MaskedSpan, ...] = ()
     session: SessionRef | None = None  # pinned on the decode side when the turn finishes
+    selection: QuerySelection | None = None  # the `query` policy, applied by the decode side
 
     @property
     def num_kv_tokens(self) -> int:
@@ -37,7 +38,8 @@ def take_handoff(engine: LLMEngine, request_id: str) -> Handoff:
     prefilled = engine.prefilled[request_id]
     seq = prefilled.seq
     return Handoff(request_id, seq.prompt_token_ids, seq.output_token_ids[0], seq.params,
-                   _tensor_bytes(prefilled.sampler_state), seq.num_cached_tokens or 0, seq.masked_spans)
+                   _tensor_bytes(prefilled.sampler_state), seq.num_cached_tokens or 0, seq.masked_spans,
+                   selection=seq.selection)
 
 
 def read_layer(engine: LLMEngine, request_id: str, layer: int, num_tokens: int) -> torch.Tensor:
@@ -61,7 +63,7 @@ def accept_handoff(engine: LLMEngine, handoff: Handoff, kv_frames: list[list[KVB
     received KV was used."""
     seq = Sequence(handoff.request_id, list(handoff.prompt_token_ids), handoff.params,
                    output_token_ids=[handoff.first_token], num_cached_tokens=handoff.num_cached_tokens,
-                   masked_spans=handoff.masked_spans, session=handoff.session)
+                   masked_spans=handoff.masked_spans, session=handoff.session, selection=handoff.selection)
     state = _bytes_tensor(handoff.sampler_state)
     used = kv_frames is not None and _load_kv(engine, seq, kv_frames)
     engine.outputs.resume(seq)

@@ -19,7 +19,7 @@ from engine.kv_cache.engine_tiers import TierHooks, make_tier_hooks
 from engine.kv_cache.policy import make_policy
 from engine.kv_cache.sizing import sized_settings
 from engine.loader import load_model
-from engine.mask import MaskedSpan
+from engine.mask import MaskedSpan, QuerySelection
 from engine.model_runner import ModelRunner
 from engine.output import OutputProcessor, RequestOutput
 from engine.requests import Prompt, RequestValidator, load_tokenizer_or_none, num_kv_blocks
@@ -119,8 +119,9 @@ class LLMEngine:
 
     def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *,
                     masked_spans: Seq[MaskedSpan] = (), session: SessionRef | None = None,
-                    prefill_only: bool = False) -> str:
-        """Queue a request. masked_spans: history the request's attention skips; session: the agent
+                    prefill_only: bool = False, selection: QuerySelection | None = None) -> str:
+        """Queue a request. masked_spans: history the request's attention skips; selection: the history
+        blocks its decode steps read are picked by its queries (the `query` policy); session: the agent
         session it is a turn of, whose KV stays pinned after it for session.ttl_s seconds; prefill_only:
         stop after the first token with finish reason "prefilled", keeping the KV for `take_prefilled`."""
         token_ids = self.validate(prompt, params)
@@ -128,7 +129,7 @@ class LLMEngine:
         if any(span.end > len(token_ids) for span in masked_spans):
             raise RequestError(f"a masked span ends past the prompt's {len(token_ids)} tokens")
         seq = Sequence(request_id, token_ids, params, masked_spans=tuple(masked_spans), session=session,
-                       prefill_only=prefill_only)
+                       prefill_only=prefill_only, selection=selection)
         self.admit(seq)
         return request_id
 
@@ -203,6 +204,7 @@ class LLMEngine:
         if self.tiers is not None and seq.session is not None and reason != "abort":
             self._persist_turn(self.tiers, seq.session.key)
         self.runner.sampler.remove_request(seq.request_id)
+        self.runner.release(seq.request_id)
         del self._seqs[seq.request_id]
 
     def _persist_turn(self, tiers: TierHooks, key: str) -> None:

@@ -99,6 +99,8 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv_cache: Tensor,
                 attn: AttentionMetadata) -> Tensor:
         q, k, v = self._rotated_qkv(x, cos, sin)
+        if attn.query_capture is not None:
+            attn.query_capture.add(q)
         out = paged_attention(q, k, v, kv_cache, attn, self.scale)
         return self.o_proj(out.reshape(x.shape[0], self.num_heads * self.head_dim))
 

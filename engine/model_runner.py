@@ -4,12 +4,22 @@ over the paged KV cache, and samples."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from engine.attention import AttentionMetadata, DecodeBatch, QuerySpan, causal_mask, new_kv_cache, span_mask
+from engine.attention import (
+    AttentionMetadata,
+    ContextBlocks,
+    DecodeBatch,
+    QuerySpan,
+    causal_mask,
+    new_kv_cache,
+    span_mask,
+)
+from engine.block_selection import BlockSummaries, QueryCapture, block_scores
 from engine.config import ModelConfig
+from engine.mask import MaskedSpan, spans_skipping_blocks
 from engine.model import LlamaForCausalLM
 from engine.sampling import Sampler, TokenLogprob, token_logprob
 from engine.scheduler import ScheduledBatch
@@ -48,6 +58,7 @@ class ModelRunner:
         self.batch_decodes = self.device.type != "cpu"  # see attention.DecodeBatch
         self._block_offsets = torch.arange(block_size)
         self.sampler = Sampler()
+        self.summaries = BlockSummaries(block_size)  # of the `query` policy's requests only
         self.kv_caches = [
             new_kv_cache(num_blocks * block_size, config.num_key_value_heads, config.head_dim, dtype, device)
             for _ in range(config.num_hidden_layers)
@@ -72,7 +83,12 @@ class ModelRunner:
         entries = [_Entry(s, n, b) for s, n, b in zip(batch.seqs, batch.num_new_tokens, block_tables, strict=True)]
         input_ids, positions, meta = self._prepare(entries)
         meta.layer_done = layer_done
+        selecting = [(row, e) for row, e in zip(_first_rows(entries), entries, strict=True) if _selects(e)]
+        if selecting:
+            meta.query_capture = QueryCapture(torch.tensor([row for row, _ in selecting], device=self.device))
         hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        if meta.query_capture is not None:
+            self._select_blocks([e for _, e in selecting], meta.query_capture)
         ends = torch.tensor([e.num_new for e in entries]).cumsum(0) - 1
         sampling = [i for i, e in enumerate(entries) if e.seq.num_computed_tokens + e.num_new == e.seq.num_tokens]
         if not sampling:
@@ -88,6 +104,23 @@ class ModelRunner:
                       for row, (s, token) in enumerate(zip(seqs, tokens, strict=True))
                       if s.params.logprobs is not None},
         )
+
+    def release(self, request_id: str) -> None:
+        """A request left the engine: drop its block summaries."""
+        self.summaries.forget(request_id)
+
+    def _select_blocks(self, entries: list[_Entry], capture: QueryCapture) -> None:
+        """The `query` policy: score each decoding request's full history blocks against this step's queries
+        and skip, from its next step on, those its selection leaves out."""
+        for index, entry in enumerate(entries):
+            seq, position = entry.seq, entry.seq.num_computed_tokens
+            assert seq.selection is not None
+            full = entry.block_ids[:position // self.block_size]
+            bounds = self.summaries.bounds(seq.request_id, full, self.kv_caches)
+            scores = block_scores(capture.of_row(index), bounds, self.config.head_dim ** -0.5)
+            skipped = seq.selection.skipped_blocks(scores.tolist(), position, self.block_size)
+            new = spans_skipping_blocks(skipped, self.block_size, position + 1)
+            seq.selected_spans = _reselected(seq.selected_spans, new, position + 1)
 
     def read_kv(self, layer: int, block_ids: list[int], num_tokens: int) -> torch.Tensor:
         """One layer's K and V of a request's first num_tokens tokens: [2, num_tokens, kv_heads, head_dim], in
@@ -122,13 +155,28 @@ class ModelRunner:
             ids.extend(entry.seq.token_ids(start, end))
             positions.append(torch.arange(start, end))
             slot_mapping.append(context[start:])
-            spans.append(QuerySpan(len(ids) - entry.num_new, entry.num_new, *_attended(entry.seq, start, end, context)))
+            slots, mask, visible = _attended(entry.seq, start, end, context)
+            blocks = None if visible is None else self._whole_blocks(visible, entry.block_ids)
+            spans.append(QuerySpan(len(ids) - entry.num_new, entry.num_new, slots, mask, context_blocks=blocks))
         meta = AttentionMetadata(torch.cat(slot_mapping), spans,
                                  decode_batch=DecodeBatch.of(spans) if self.batch_decodes else None)
         to = self.device
         if to.type != "cpu":
             meta = meta.to(to)
         return torch.tensor(ids, device=to), torch.cat(positions).to(to), meta
+
+    def _whole_blocks(self, visible: torch.Tensor, block_ids: list[int]) -> ContextBlocks | None:
+        """The visible context as whole blocks (the last one as far as it goes), or None when a block is
+        partly visible."""
+        size = self.block_size
+        full = visible.numel() // size
+        by_block = visible[:full * size].view(full, size)
+        kept = by_block.all(dim=1)
+        if not bool((kept | ~by_block.any(dim=1)).all()) or not bool(visible[full * size:].all()):
+            return None
+        table = torch.tensor(block_ids[:-(-visible.numel() // size)], dtype=torch.long)
+        ids = torch.cat((table[:full][kept], table[full:]))
+        return ContextBlocks(ids, size)
 
     def _contexts(self, entries: list[_Entry]) -> list[torch.Tensor]:
         """Each entry's context slots, positions 0 up to its step's end, from one tensor for the whole step (a
@@ -142,21 +190,53 @@ class ModelRunner:
         return contexts
 
 
-def _spans(seq: Sequence) -> list[tuple[int, int, int]]:
-    return [(span.start, span.end, span.from_position) for span in seq.masked_spans]
+def _selects(entry: _Entry) -> bool:
+    """Whether this step picks the request's history blocks: a decode step of a `query` request, when due."""
+    seq = entry.seq
+    return (seq.selection is not None and entry.num_new == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens
+            and seq.selection.due(len(seq.output_token_ids)))
 
 
-def _attended(seq: Sequence, start: int, end: int, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The context slots the queries at positions start..end attend to, and their mask (None: none needed, a
-    fresh prefill's causal one aside). A history mask shrinks attention rather than adding a mask to it: the
-    tokens every query of the chunk skips (a span masked from the chunk's start or before) are left out of its
-    context, so a decode step's query attends to the rest unmasked."""
-    if not seq.masked_spans:
-        return context, None if end - start == 1 else causal_mask(start, end - start)
+def _first_rows(entries: list[_Entry]) -> list[int]:
+    """Each entry's first row in the flattened step."""
+    rows, row = [], 0
+    for entry in entries:
+        rows.append(row)
+        row += entry.num_new
+    return rows
+
+
+def _reselected(spans: tuple[MaskedSpan, ...], new: list[MaskedSpan], position: int) -> tuple[MaskedSpan, ...]:
+    """The selection's spans once a new one takes over at this position: the open ones closed there (kept open
+    when the new selection skips the same tokens), then the new ones."""
+    open_spans = [span for span in spans if span.until_position is None]
+    if [(s.start, s.end) for s in open_spans] == [(s.start, s.end) for s in new]:
+        return spans
+    closed = tuple(span if span.until_position is not None else replace(span, until_position=position)
+                   for span in spans)
+    return closed + tuple(new)
+
+
+def _spans(seq: Sequence) -> list[tuple[int, int, int, int | None]]:
+    return [(span.start, span.end, span.from_position, span.until_position) for span in seq.attention_spans]
+
+
+def _attended(seq: Sequence, start: int, end: int, context: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The context slots the queries at positions start..end attend to, their mask (None: none needed, a
+    fresh prefill's causal one aside), and which positions those are (None: all). A history mask shrinks
+    attention rather than adding a mask to it: the tokens every query of the chunk skips (a span in force from
+    the chunk's start to its end) are left out of its context, so a decode step's query attends to the rest
+    unmasked and skipped blocks are never read."""
+    spans = seq.attention_spans
+    if not spans:
+        return context, None if end - start == 1 else causal_mask(start, end - start), None
     visible = torch.ones(end, dtype=torch.bool)
-    for span in seq.masked_spans:
-        if span.from_position <= start:  # a query always sees itself: only columns before the chunk go
-            visible[span.start:min(span.end, start)] = False
+    for span in spans:
+        if span.skips_for(start) and span.skips_for(end - 1):  # a query always sees itself: only columns before
+            visible[span.start:min(span.end, start)] = False  # the chunk go
+    if bool(visible.all()):
+        return context, None if end - start == 1 else span_mask(start, end - start, _spans(seq)), None
     if end - start == 1:
-        return context[visible], None
-    return context[visible], span_mask(start, end - start, _spans(seq))[:, visible]
+        return context[visible], None, visible
+    return context[visible], span_mask(start, end - start, _spans(seq))[:, visible], visible

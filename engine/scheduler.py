@@ -164,7 +164,7 @@ class Scheduler:
                                       self._keys(seq))
 
     def _keys(self, seq: Sequence) -> ExtraKeys | BlockKeys:
-        return block_keys(seq.masked_spans, self.kv.block_size, seq.params.cache_salt)
+        return block_keys(seq.attention_spans, self.kv.block_size, seq.params.cache_salt)
 
     def update(self, batch: ScheduledBatch, sampled: dict[str, int]) -> None:
         """After the model ran: advance computed counts and append the sampled tokens."""

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 
-from engine.mask import MaskedSpan
+from engine.mask import MaskedSpan, QuerySelection
 from engine.sampling import SamplingParams
 
 
@@ -37,7 +37,9 @@ class Sequence:
     num_preemptions: int = 0
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     arrival_time: float = field(default_factory=time.monotonic)
-    masked_spans: tuple[MaskedSpan, ...] = ()
+    masked_spans: tuple[MaskedSpan, ...] = ()  # the caller's: history its attention skips
+    selection: QuerySelection | None = None  # the `query` policy: the engine picks the history blocks decode reads
+    selected_spans: tuple[MaskedSpan, ...] = ()  # the blocks the engine's selections skipped, the last ones open
     session: SessionRef | None = None
     prefill_only: bool = False  # a prefill worker's request: ends "prefilled" after its first token
 
@@ -53,6 +55,11 @@ class Sequence:
         if end <= prompt:
             return self.prompt_token_ids[start:end]
         return self.prompt_token_ids[start:] + self.output_token_ids[:end - prompt]
+
+    @property
+    def attention_spans(self) -> tuple[MaskedSpan, ...]:
+        """Every span attention skips: the caller's, then the engine's selections."""
+        return self.masked_spans + self.selected_spans if self.selected_spans else self.masked_spans
 
     @property
     def num_tokens(self) -> int:

@@ -24,7 +24,7 @@ from gateway.auth import Principal
 from gateway.bodies import body_openapi, parse_body
 from gateway.content_log import log_turn
 from gateway.errors import APIError
-from gateway.protocol import ChatCompletionRequest, CompletionRequest, observation_rule, output_budget
+from gateway.protocol import ChatCompletionRequest, CompletionRequest, history_rule, observation_rule, output_budget
 from gateway.serving import ChoiceResult, TurnStats, Usage, generate_choices, record_reply, turn_stats
 from gateway.session_store import StoreKey, session_key
 from gateway.state import GatewayState
@@ -68,6 +68,7 @@ async def chat_completions(request: Request) -> Response:
     check_model(gw, body.model)
     session_id = request.headers.get(SESSION_HEADER) or (body.metadata or {}).get("session_id")
     observation_rule(body.metadata)
+    history_rule(body.metadata, gw.sessions.policies.settings.history.policies)
     writer = ChatStreamWriter(gw.model_name, bool(body.tools), body.n, gw.tokenizer.decode,
                               None if body.parallel_tool_calls else 1, body.stream)
     usage = Usage()
@@ -85,7 +86,9 @@ async def _chat_events(gw: GatewayState, body: ChatCompletionRequest, key: Store
     async with gw.sessions.open(key, body.tools, principal.holds.sessions) as turn:
         new = gw.sessions.new_messages(turn, messages) if turn.persistent else messages
         turn.trajectory.vip = principal.is_vip
-        plan = turn.trajectory.add_messages(new, observation_users=observation_rule(body.metadata))
+        offered = gw.sessions.policies.settings.history.policies
+        plan = turn.trajectory.add_messages(new, observation_users=observation_rule(body.metadata),
+                                            history_policy=history_rule(body.metadata, offered))
         step_timer.enter("plan")
         max_tokens = output_budget(body.max_completion_tokens or body.max_tokens, _max_tokens_param(body),
                                    len(plan.prompt_token_ids), gw.engine.engine.max_model_len,
@@ -98,7 +101,7 @@ async def _chat_events(gw: GatewayState, body: ChatCompletionRequest, key: Store
         step_timer.leave("plan")
         step_timer.enter("engine")
         async for index, out in generate_choices(gw, plan.prompt_token_ids, params, stats, plan.masked_spans,
-                                                 session, every_token=body.stream):
+                                                 session, every_token=body.stream, selection=plan.selection):
             step_timer.enter("outputs")
             usage.prompt_tokens, usage.cached_tokens = out.num_prompt_tokens, out.num_cached_tokens
             usage.completion_tokens += len(out.new_token_ids)

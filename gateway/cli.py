@@ -160,6 +160,7 @@ BENCHMARKS = {
     "upstream": ("agents_eval.bench.upstream", "session-affine routing against round-robin over upstream replicas"),
     "kv-cache": ("agents_eval.bench.kv_cache", "improved LFU against LRU and the unbounded bound on a trace"),
     "ipc": ("agents_eval.bench.ipc", "engine messages between processes: pickle against msgspec"),
+    "sparse": ("agents_eval.bench.sparse", "block-sparse history attention against dense: decode and prefill"),
 }
 
 

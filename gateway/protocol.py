@@ -4,7 +4,7 @@ agentserve does not implement, set to the value that changes nothing (`NO_OP`), 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -132,6 +132,16 @@ def observation_rule(metadata: dict[str, str] | None) -> ObservationUsers | None
         return observation_users(value)
     except ValueError as error:
         raise APIError(400, str(error), param="metadata.observation_users") from error
+
+
+def history_rule(metadata: dict[str, str] | None, offered: Sequence[str]) -> str | None:
+    """The request's `metadata.history_policy` (which history its attention reads), None when unset; 400 when
+    the deployment does not offer it (`history.policies` in configs/trajectory.yaml)."""
+    value = (metadata or {}).get("history_policy")
+    if value is not None and value not in offered:
+        raise APIError(400, f"history policy {value!r} is not offered by this deployment; offered: "
+                       f"{', '.join(offered)}", param="metadata.history_policy", code="unsupported_history_policy")
+    return value
 
 
 class SamplingFields(RequestBody):

@@ -27,7 +27,7 @@ from gateway.bodies import body_openapi, parse_body
 from gateway.chat import check_model, gateway_state
 from gateway.content_log import log_turn
 from gateway.errors import APIError
-from gateway.protocol import observation_rule, output_budget
+from gateway.protocol import history_rule, observation_rule, output_budget
 from gateway.responses_events import TERMINAL_EVENTS, Event, ResponseStream, sse_event
 from gateway.responses_input import ResponseCreateRequest, chat_tools, input_messages
 from gateway.serving import generate_choices, record_reply, turn_stats
@@ -139,8 +139,10 @@ def _prepare(gw: GatewayState, body: ResponseCreateRequest, target: SessionTarge
              ) -> tuple[TurnPlan, list[int], SamplingParams]:
     """The turn's plan, the prompt to run (a warm-up prefills the history without the assistant header)
     and its sampling parameters; RequestError when the engine would refuse them."""
+    offered = gw.sessions.policies.settings.history.policies
     plan = turn.trajectory.add_messages(input_messages(body, target.starting),
-                                        observation_users=observation_rule(body.metadata))
+                                        observation_users=observation_rule(body.metadata),
+                                        history_policy=history_rule(body.metadata, offered))
     prompt = plan.prompt_token_ids if body.generate else turn.trajectory.state.token_ids
     max_tokens = output_budget(body.max_output_tokens, "max_output_tokens", len(prompt),
                                gw.engine.engine.max_model_len, gw.settings.default_max_tokens) if body.generate else 1
@@ -157,7 +159,7 @@ async def _generate(gw: GatewayState, body: ResponseCreateRequest, turn: Session
     session = plan.session if turn.persistent else None
     stats = turn_stats("responses", plan, turn.persistent)
     async for _, out in generate_choices(gw, prompt, [params], stats, plan.masked_spans, session,
-                                         every_token=streamed):
+                                         every_token=streamed, selection=plan.selection):
         if body.generate:
             for event in stream.add(out):
                 yield event

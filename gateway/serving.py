@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from engine.ids import fresh_id
-from engine.mask import MaskedSpan
+from engine.mask import MaskedSpan, QuerySelection
 from engine.output import RequestOutput
 from engine.sampling import SamplingParams, TokenLogprob
 from engine.sequence import SessionRef
@@ -74,8 +74,8 @@ def turn_stats(endpoint: str, plan: TurnPlan, persistent: bool) -> TurnStats:
 
 async def generate_choices(gw: GatewayState, prompt: Sequence[int], params: list[SamplingParams],
                            stats: TurnStats, masked_spans: Sequence[MaskedSpan] = (),
-                           session: SessionRef | None = None, every_token: bool = True
-                           ) -> AsyncIterator[tuple[int, RequestOutput]]:
+                           session: SessionRef | None = None, every_token: bool = True,
+                           selection: QuerySelection | None = None) -> AsyncIterator[tuple[int, RequestOutput]]:
     """Run len(params) choices of one prompt, once admission control lets it in; only choice 0 pins the
     session's KV. Raises APIError 503 (with Retry-After) when the queued prefill work would break the TTFT
     SLO, or its streams with those in flight the TPOT SLO. Without `every_token` (a reply not streamed) each
@@ -88,7 +88,8 @@ async def generate_choices(gw: GatewayState, prompt: Sequence[int], params: list
         gw.metrics.rejected(decision.reason)
         raise _overloaded(decision)
     streams = [gw.engine.generate(list(prompt), p, f"{request_id}-{index}", masked_spans=masked_spans,
-                                  session=session if index == 0 else None, every_token=every_token)
+                                  session=session if index == 0 else None, every_token=every_token,
+                                  selection=selection)
                for index, p in enumerate(params)]
     gw.metrics.handed_to_engine(trace)
     observed = _Observed(gw, trace, request_id, time.monotonic())

@@ -13,11 +13,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from engine.mask import MaskedSpan
+from engine.mask import MaskedSpan, QuerySelection
 from engine.sequence import SessionRef
 from engine.tokenizer import Tokenizer
 from trajectory import step_timer
-from trajectory.masks import update_masks
+from trajectory.masks import query_selection, update_masks
 from trajectory.observations import ObservationUsers, is_observation
 from trajectory.phase import PhaseConfig, PhaseEstimate, TurnFeatures, classify_turn
 from trajectory.pruning import OBSERVATION_ROLE, PruneResult, PruningConfig, prune
@@ -38,6 +38,7 @@ class TurnPlan:
     phase: PhaseEstimate
     new_tokens: int  # tokens this turn appended to the history (new messages + header)
     pruning: list[PruneResult] = field(default_factory=list)
+    selection: QuerySelection | None = None  # the `query` history policy: the engine picks the blocks read
 
 
 @dataclass
@@ -76,8 +77,15 @@ class Trajectory:
         return self.state.to_bytes()
 
     def add_messages(self, messages: Sequence[Message], now: float | None = None,
-                     observation_users: ObservationUsers | None = None) -> TurnPlan:
-        """The plan for a turn adding `messages`; `observation_users` overrides the rule in the pruning config."""
+                     observation_users: ObservationUsers | None = None, history_policy: str | None = None
+                     ) -> TurnPlan:
+        """The plan for a turn adding `messages`; `observation_users` overrides the rule in the pruning config,
+        `history_policy` the deployment's default one (`history` in configs/trajectory.yaml; ValueError when the
+        deployment does not offer it)."""
+        history = self.policies.settings.history
+        policy = history_policy or history.default
+        if policy not in history.policies:
+            raise ValueError(f"history policy {policy!r} is not offered here; offered: {history.policies}")
         step_timer.enter("plan")
         now = time.time() if now is None else now
         observe_turn_arrival(self.state, now, self.policies.settings.ttl)
@@ -85,13 +93,16 @@ class Trajectory:
         rule = observation_users or self.policies.pruning.observation_users
         pruning = [self._append(message, now, rule) for message in messages]
         self._sync()
-        update_masks(self.state, self.policies.settings.masks)
+        masks = self.policies.settings.masks
+        selection = query_selection(self.state, history, masks.sink_tokens) if policy == "query" else None
+        if selection is None:  # under `query` the masks of earlier `age` turns stay, no new one is added
+            update_masks(self.state, masks)
         header = self.renderer.generation_prompt_ids()
         phase = self._classify(messages, self.renderer.num_tokens - start + len(header))
         for turn in self.state.turns[len(self.state.turns) - len(messages):]:
             turn.phase, turn.confidence = phase.phase.value, phase.confidence
         plan = TurnPlan(self.renderer.ids_then(header), list(self.state.masked_spans), self._session_ref(now),
-                        phase, self.renderer.num_tokens - start + len(header), [p for p in pruning if p])
+                        phase, self.renderer.num_tokens - start + len(header), [p for p in pruning if p], selection)
         step_timer.leave("plan")
         return plan
 

@@ -1,16 +1,19 @@
-"""The default sparse-history policy: keep attention sinks, the system prompt, the instruction, every
+"""The sparse-history policies. `age`, the default: keep attention sinks, the system prompt, the instruction, every
 assistant turn and the last K observations (`trajectory.observations`, recorded on each `TurnRecord`); older
 observations are masked from the current position on.
 
 Rules only accumulate (a span once masked stays masked for later positions), so the KV computed under
 earlier rules stays valid and a cold run with the same rules computes the same KV.
+
+`query`: no mask from here; the engine picks the history blocks each decode step reads by what its queries
+ask (`engine.mask.QuerySelection`), and this module names what it must never skip.
 """
 
 from __future__ import annotations
 
-from engine.mask import MaskedSpan
+from engine.mask import MaskedSpan, QuerySelection
 from trajectory.session import SessionState
-from trajectory.settings import MaskSettings
+from trajectory.settings import HistorySettings, MaskSettings
 
 
 def update_masks(state: SessionState, settings: MaskSettings) -> list[MaskedSpan]:
@@ -29,3 +32,17 @@ def update_masks(state: SessionState, settings: MaskSettings) -> list[MaskedSpan
             added.append(MaskedSpan(start, turn.token_end, now))
     state.masked_spans.extend(added)
     return added
+
+
+def query_selection(state: SessionState, history: HistorySettings, sink_tokens: int) -> QuerySelection:
+    """The `query` policy for the session's next reply: the history blocks it never skips are the sinks,
+    every assistant turn (its tool calls), the first tokens of every observation (which tool said it), and
+    the previous and current turn: all from the end of the reply before last on."""
+    replies = [turn for turn in state.turns if turn.role == "assistant"]
+    previous_turn_start = replies[-2].token_end if len(replies) >= 2 else 0
+    kept = [(turn.token_start, turn.token_end) for turn in replies]
+    kept += [(turn.token_start, min(turn.token_end, turn.token_start + history.header_tokens))
+             for turn in state.turns if turn.observation]
+    return QuerySelection(budget=history.budget, refresh_steps=history.refresh_steps, sink_tokens=sink_tokens,
+                          recent_tokens=history.recent_tokens, kept=tuple(sorted(kept)),
+                          kept_from=previous_turn_start)

@@ -3,9 +3,9 @@ Pruning rules and the phase classifier keep their own files (`configs/pruning.ya
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from engine.config import YamlSettings
@@ -34,6 +34,30 @@ class MaskSettings(BaseModel):
     sink_tokens: int = 4  # the first tokens are never masked (attention sinks)
 
 
+class HistorySettings(BaseModel):
+    """Which history a turn's attention reads. `age`: the masks above (observations older than the last K
+    skipped). `query`: the engine scores every history block against the decode step's queries (per-block key
+    bounds) every `refresh_steps` steps and reads the best `budget` share of the history, never skipping the
+    sinks, the tool-call headers (assistant turns and the first `header_tokens` of each observation), the
+    current and previous turn, and the last `recent_tokens`. A request picks one of `policies` with
+    `metadata.history_policy`; `default` when it does not."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    policies: list[Literal["age", "query"]] = ["age", "query"]  # what this deployment offers
+    default: Literal["age", "query"] = "age"
+    budget: float = Field(default=0.5, gt=0, le=1)  # share of the history's blocks a decode step reads
+    refresh_steps: int = Field(default=16, ge=1)
+    recent_tokens: int = Field(default=256, ge=0)
+    header_tokens: int = Field(default=16, ge=0)
+
+    @model_validator(mode="after")
+    def _default_offered(self) -> HistorySettings:
+        if self.default not in self.policies:
+            raise ValueError(f"history.default {self.default!r} is not among history.policies {self.policies}")
+        return self
+
+
 class TrajectorySettings(YamlSettings):
     config_env: ClassVar[str] = "AGENTSERVE_TRAJECTORY_CONFIG"
     config_file: ClassVar[str] = "trajectory.yaml"
@@ -42,4 +66,5 @@ class TrajectorySettings(YamlSettings):
 
     ttl: TTLSettings = TTLSettings()
     masks: MaskSettings = MaskSettings()
+    history: HistorySettings = HistorySettings()
     prune: bool = True

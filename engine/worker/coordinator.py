@@ -23,7 +23,7 @@ from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
 from engine.kv_cache.sizing import sized_settings
 from engine.llm_engine import Completion, run_to_completion
-from engine.mask import MaskedSpan
+from engine.mask import MaskedSpan, QuerySelection
 from engine.output import RequestOutput
 from engine.requests import Prompt, RequestValidator, load_tokenizer_or_none, num_kv_blocks, read_model_config
 from engine.sampling import RequestError, SamplingParams
@@ -88,14 +88,15 @@ class DisaggregatedEngine(WorkerQueries):
         return self.validator.validate(prompt, params)
 
     def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *,
-                    masked_spans: Sequence[MaskedSpan] = (), session: SessionRef | None = None) -> str:
+                    masked_spans: Sequence[MaskedSpan] = (), session: SessionRef | None = None,
+                    selection: QuerySelection | None = None) -> str:
         token_ids = self.validate(prompt, params)
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.tracked:
             raise RequestError(f"request id {request_id!r} is already running")
         if any(span.end > len(token_ids) for span in masked_spans):
             raise RequestError(f"a masked span ends past the prompt's {len(token_ids)} tokens")
-        tracked = Tracked(request_id, token_ids, params, tuple(masked_spans), session)
+        tracked = Tracked(request_id, token_ids, params, tuple(masked_spans), session, selection)
         self.tracked[request_id] = tracked
         self._dispatch(tracked)
         return request_id
@@ -111,7 +112,7 @@ class DisaggregatedEngine(WorkerQueries):
         if self.capacity is not None:
             self.capacity.routed.placed(tracked.request_id, placement.uncached_tokens, placement.for_prefill_worker)
         submit = m.Submit(tracked.attempt_id, tracked.token_ids, tracked.params,
-                          tracked.masked_spans, session=tracked.session)
+                          tracked.masked_spans, session=tracked.session, selection=tracked.selection)
         decode = self.workers[placement.decode_worker]
         if placement.prefill_worker is None:
             if not self._send(decode, submit):

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.handoff import Handoff
-from engine.mask import MaskedSpan
+from engine.mask import MaskedSpan, QuerySelection
 from engine.output import RequestOutput
 from engine.sampling import SamplingParams
 from engine.sequence import SessionRef
@@ -25,6 +25,7 @@ class Submit:
     masked_spans: tuple[MaskedSpan, ...] = ()
     decode_address: str | None = None  # set: prefill only, stream the KV there; None: run it whole here
     session: SessionRef | None = None  # the agent session whose KV the worker that decodes it pins
+    selection: QuerySelection | None = None  # the `query` policy: decode picks the history blocks it reads
 
 
 @dataclass

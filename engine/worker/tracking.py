@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from engine.mask import MaskedSpan
+from engine.mask import MaskedSpan, QuerySelection
 from engine.output import RequestOutput
 from engine.sampling import SamplingParams
 from engine.sequence import SessionRef
@@ -18,6 +18,7 @@ class Tracked:
     params: SamplingParams
     masked_spans: tuple[MaskedSpan, ...] = ()
     session: SessionRef | None = None
+    selection: QuerySelection | None = None
     worker_ids: set[int] = field(default_factory=set)
     output_ids: list[int] = field(default_factory=list)  # output tokens already given to the caller
     emitted_chars: int = 0

@@ -179,7 +179,7 @@ class Worker:
                 self.handoff_sessions[command.request_id] = command.session
         self.engine.add_request(command.token_ids, command.params, command.request_id,
                                 masked_spans=command.masked_spans, prefill_only=prefill_only,
-                                session=None if prefill_only else command.session)
+                                session=None if prefill_only else command.session, selection=command.selection)
 
     def _abort(self, request_id: str) -> None:
         self.handoff_sessions.pop(request_id, None)

@@ -25,7 +25,7 @@ import httpx
 from engine.async_engine import AsyncLLMEngine
 from engine.capacity.settings import CapacitySettings
 from engine.ids import fresh_id
-from engine.mask import MaskedSpan
+from engine.mask import MaskedSpan, QuerySelection
 from engine.output import RequestOutput
 from engine.requests import Prompt
 from engine.sampling import SamplingParams
@@ -92,10 +92,11 @@ class UpstreamEngine(AsyncLLMEngine):
             await self._client.aclose()
 
     async def generate(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *,
-                       masked_spans: Sequence[MaskedSpan] = (),
-                       session: SessionRef | None = None, every_token: bool = True) -> AsyncIterator[RequestOutput]:
+                       masked_spans: Sequence[MaskedSpan] = (), session: SessionRef | None = None,
+                       every_token: bool = True, selection: QuerySelection | None = None
+                       ) -> AsyncIterator[RequestOutput]:
         """Every output the upstream streams, whatever `every_token` says: the upstream is read as a stream
-        either way (its failover resumes from the tokens seen)."""
+        either way (its failover resumes from the tokens seen). Masks and selections are not applied there."""
         token_ids = self.engine.validate(prompt, params)
         request_id = request_id or fresh_id("req-")
         request = build_request(self.served_model, current_turn.get(), token_ids, params, self.tokenizer,

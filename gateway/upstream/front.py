@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from engine.loader import resolve_model
-from engine.mask import MaskedSpan
+from engine.mask import MaskedSpan, QuerySelection
 from engine.output import RequestOutput
 from engine.requests import Prompt, RequestValidator, load_tokenizer_or_none
 from engine.sampling import SamplingParams
@@ -43,7 +43,8 @@ class TokenizerFront:
         return self.validator.validate(prompt, params)
 
     def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *,
-                    masked_spans: Sequence[MaskedSpan] = (), session: SessionRef | None = None) -> str:
+                    masked_spans: Sequence[MaskedSpan] = (), session: SessionRef | None = None,
+                    selection: QuerySelection | None = None) -> str:
         raise ValueError("requests go to the upstreams")
 
     def abort(self, request_id: str) -> None:

@@ -31,7 +31,7 @@ def step_of(contexts: list[list[int]], prefill: int = 0,
         slot_mapping.append(slots)
     for index, context in enumerate(contexts):
         slots = torch.tensor(context)
-        mask = span_mask(len(context) - 1, 1, [(2, 6, 0)]) if index == 1 else None
+        mask = span_mask(len(context) - 1, 1, [(2, 6, 0, None)]) if index == 1 else None
         spans.append(QuerySpan(prefill + index, 1, slots, mask))
         slot_mapping.append(slots[-1:])
     tokens = prefill + len(contexts)

@@ -15,6 +15,7 @@ import pytest
 from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
 from engine.llm_engine import Completion, LLMEngine
+from engine.mask import QuerySelection
 from engine.sampling import RequestError, SamplingParams
 from engine.worker.coordinator import DisaggregatedEngine
 from engine.worker.deployment import DeploymentSettings
@@ -200,3 +201,20 @@ def test_a_worker_dead_before_its_death_is_noticed_gets_no_request() -> None:
         assert engine.dead_workers == [2]
     finally:
         engine.shutdown()
+
+
+def test_query_selection_gives_the_same_tokens_as_colocated(disaggregated: DisaggregatedEngine) -> None:
+    """The `query` policy crosses the hand-off and picks the same blocks on the decode worker."""
+    selection = QuerySelection(budget=0.5, refresh_steps=2, sink_tokens=4, recent_tokens=16)
+    prompts = [[1, *range(30, 30 + n)] for n in (79, 120)]
+    params = replace(GREEDY, max_tokens=12)
+
+    def tokens(engine: LLMEngine | DisaggregatedEngine) -> list[list[int]]:
+        ids = [engine.add_request(p, params, selection=selection) for p in prompts]
+        results = {request_id: Completion(request_id) for request_id in ids}
+        while engine.has_unfinished():
+            for out in engine.step():
+                results[out.request_id].add(out)
+        return [results[request_id].token_ids for request_id in ids]
+
+    assert tokens(disaggregated) == tokens(LLMEngine("tiny", SETTINGS))

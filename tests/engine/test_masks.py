@@ -26,7 +26,7 @@ def reference_mask(length: int, spans: list[MaskedSpan]) -> torch.Tensor:
     allowed = torch.zeros(length, length, dtype=torch.bool)
     for q in range(length):
         for k in range(q + 1):
-            skipped = any(s.start <= k < s.end and q >= s.from_position for s in spans)
+            skipped = any(s.start <= k < s.end and s.skips_for(q) for s in spans)
             allowed[q, k] = k == q or not skipped
     return allowed
 
@@ -103,7 +103,7 @@ def test_a_step_s_mask_is_the_reference_mask_s_rows_of_its_queries(shape: str, n
     reference = reference_mask(PROMPT_LEN + 4, spans)
     for query_len in (1, 3, PROMPT_LEN + 4 - num_computed):
         end = num_computed + query_len
-        mask = span_mask(num_computed, query_len, [(s.start, s.end, s.from_position) for s in spans])
+        mask = span_mask(num_computed, query_len, [(s.start, s.end, s.from_position, s.until_position) for s in spans])
         assert torch.equal(mask, reference[num_computed:end, :end]), (num_computed, query_len)
 
 
@@ -118,7 +118,7 @@ def test_a_step_attends_only_to_what_some_query_of_it_sees(shape: str, num_compu
     slots = torch.arange(100, 100 + PROMPT_LEN + 4)  # position p's cache slot is 100 + p
     for query_len in {1, 3, PROMPT_LEN + 4 - num_computed}:
         end = min(num_computed + query_len, PROMPT_LEN + 4)
-        context, mask = _attended(seq, num_computed, end, slots[:end])
+        context, mask, _ = _attended(seq, num_computed, end, slots[:end])
         rows = reference[num_computed:end, :end]
         seen = rows.any(dim=0)
         assert context.tolist() == (100 + torch.nonzero(seen).flatten()).tolist(), (num_computed, query_len)
