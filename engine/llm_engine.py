@@ -15,11 +15,13 @@ import torch
 from engine.batcher import make_queue_policy
 from engine.block_manager import HeldBlocks, KVCacheManager
 from engine.config import EngineSettings
+from engine.grammar import Grammars, grammar_tokenizer
+from engine.grammar_spec import GrammarCounters
 from engine.kv_cache.engine_tiers import TierHooks, make_tier_hooks
 from engine.kv_cache.policy import make_policy
 from engine.loader import load_model
 from engine.mask import MaskedSpan
-from engine.model_runner import ModelRunner
+from engine.model_runner import ModelRunner, forced_room
 from engine.output import OutputProcessor, RequestOutput
 from engine.requests import Prompt, RequestValidator, load_tokenizer_or_none, num_kv_blocks
 from engine.sampling import RequestError, SamplingParams, TokenLogprob
@@ -96,6 +98,7 @@ class LLMEngine:
         eos = self.config.eos_token_ids or _tuple(self.tokenizer.eos_token_id if self.tokenizer else None)
         self.outputs = OutputProcessor(self.tokenizer or _NoText(), eos, self.max_model_len,
                                        settings.stream_interval)
+        self._eos_token_ids = eos
         self._seqs: dict[str, Sequence] = {}
         self.prefilled: dict[str, Prefilled] = {}  # prefill-only requests whose KV awaits hand-off
         self._next_id = itertools.count()
@@ -134,6 +137,10 @@ class LLMEngine:
         """Take a sequence in; running=True when its KV is already in its blocks (a hand-off)."""
         if seq.request_id in self._seqs:
             raise RequestError(f"request id {seq.request_id!r} is already running")
+        if seq.params.grammar is not None:
+            room = forced_room(seq, self.max_model_len)
+            seq.output_token_ids += self.grammars().add(seq.request_id, seq.params.grammar, seq.output_token_ids,
+                                                        room)
         self._seqs[seq.request_id] = seq
         self.runner.sampler.add_request(seq.request_id, seq.params.seed)
         if sampler_state is not None:
@@ -142,6 +149,19 @@ class LLMEngine:
             self.scheduler.add_running(seq)
         else:
             self.scheduler.add(seq)
+
+    def grammars(self) -> Grammars:
+        """The engine's structured-output state, made at the first constrained request (its tokenizer view takes
+        about a second to build for a 49k vocabulary)."""
+        if self.runner.grammars is None:
+            if self.tokenizer is None:
+                raise RequestError("this model has no tokenizer: structured outputs need one")
+            tokenizer = grammar_tokenizer(self.tokenizer, self.config.vocab_size, self._eos_token_ids)
+            self.runner.grammars = Grammars(tokenizer, self.config.vocab_size)
+        return self.runner.grammars
+
+    def grammar_counters(self) -> GrammarCounters:
+        return self.runner.grammars.counters if self.runner.grammars is not None else GrammarCounters()
 
     def abort(self, request_id: str) -> RequestOutput | None:
         seq = self._seqs.get(request_id)
@@ -167,7 +187,7 @@ class LLMEngine:
         result = self.runner.execute(batch, block_tables, layer_done)
         self.step_timer.observe(time.monotonic() - started, batch.prompt_tokens, batch.decode_streams)
         traced = None if self.trace is None else batch.composition()  # before update() counts it computed
-        self.scheduler.update(batch, result.sampled)
+        self.scheduler.update(batch, result.sampled, result.forced)
         outputs = []
         for seq in batch.seqs:
             if seq.request_id in result.sampled:
@@ -201,6 +221,8 @@ class LLMEngine:
         if self.tiers is not None and seq.session is not None and reason != "abort":
             self._persist_turn(self.tiers, seq.session.key)
         self.runner.sampler.remove_request(seq.request_id)
+        if self.runner.grammars is not None:
+            self.runner.grammars.remove(seq.request_id)
         del self._seqs[seq.request_id]
 
     def _persist_turn(self, tiers: TierHooks, key: str) -> None:

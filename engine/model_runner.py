@@ -4,12 +4,13 @@ over the paged KV cache, and samples."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from engine.attention import AttentionMetadata, DecodeBatch, QuerySpan, causal_mask, new_kv_cache, span_mask
 from engine.config import ModelConfig
+from engine.grammar import Grammars
 from engine.model import LlamaForCausalLM
 from engine.sampling import Sampler, TokenLogprob, token_logprob
 from engine.scheduler import ScheduledBatch
@@ -23,6 +24,7 @@ class StepResult:
     sampled: dict[str, int]  # request id -> new token, for sequences whose chunk reached their end
     logits: dict[str, torch.Tensor]  # request id -> [vocab] logits, for those that asked for them
     logprobs: dict[str, TokenLogprob]  # for those that asked for them
+    forced: dict[str, list[int]] = field(default_factory=dict)  # tokens a grammar forces after the sampled one
 
 
 @dataclass
@@ -48,6 +50,7 @@ class ModelRunner:
         self.batch_decodes = self.device.type != "cpu"  # see attention.DecodeBatch
         self._block_offsets = torch.arange(block_size)
         self.sampler = Sampler()
+        self.grammars: Grammars | None = None  # set by the engine at its first constrained request
         self.kv_caches = [
             new_kv_cache(num_blocks * block_size, config.num_key_value_heads, config.head_dim, dtype, device)
             for _ in range(config.num_hidden_layers)
@@ -79,7 +82,10 @@ class ModelRunner:
             return StepResult({}, {}, {})
         logits = self.model.compute_logits(hidden[ends[sampling]])
         seqs = [entries[i].seq for i in sampling]
-        tokens = self.sampler.sample(logits, [s.request_id for s in seqs], [s.params for s in seqs])
+        request_ids = [s.request_id for s in seqs]
+        if self.grammars is not None:
+            self.grammars.apply(logits, request_ids)
+        tokens = self.sampler.sample(logits, request_ids, [s.params for s in seqs])
         return StepResult(
             sampled={s.request_id: t for s, t in zip(seqs, tokens, strict=True)},
             logits={s.request_id: logits[row].to("cpu", copy=True)
@@ -87,7 +93,21 @@ class ModelRunner:
             logprobs={s.request_id: token_logprob(logits[row], token, s.params.logprobs)
                       for row, (s, token) in enumerate(zip(seqs, tokens, strict=True))
                       if s.params.logprobs is not None},
+            forced=self._jump_forward(seqs, tokens),
         )
+
+    def _jump_forward(self, seqs: list[Sequence], tokens: list[int]) -> dict[str, list[int]]:
+        """Each constrained sequence's matcher advanced by its sampled token; the tokens its grammar then forces
+        (none for a prefill worker's request, which ends at its first token)."""
+        if self.grammars is None:
+            return {}
+        forced = {}
+        for seq, token in zip(seqs, tokens, strict=True):
+            room = 0 if seq.prefill_only else forced_room(seq, self.config.max_position_embeddings, 1)
+            tokens_forced = self.grammars.accept(seq.request_id, token, room)
+            if tokens_forced:
+                forced[seq.request_id] = tokens_forced
+        return forced
 
     def read_kv(self, layer: int, block_ids: list[int], num_tokens: int) -> torch.Tensor:
         """One layer's K and V of a request's first num_tokens tokens: [2, num_tokens, kv_heads, head_dim], in
@@ -140,6 +160,12 @@ class ModelRunner:
             contexts.append(slots[offset:offset + entry.seq.num_computed_tokens + entry.num_new])
             offset += blocks * self.block_size
         return contexts
+
+
+def forced_room(seq: Sequence, max_model_len: int, pending: int = 0) -> int:
+    """How many forced tokens a sequence may still take after `pending` more, leaving one to sample."""
+    output = len(seq.output_token_ids) + pending
+    return min(seq.params.max_tokens - output, max_model_len - seq.num_tokens - pending) - 1
 
 
 def _spans(seq: Sequence) -> list[tuple[int, int, int]]:

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.grammar_spec import GrammarSpec
+
 
 class RequestError(ValueError):
     """A request the engine refuses; the message names the problem in one line."""
@@ -27,6 +29,7 @@ class SamplingParams:
     logprobs: int | None = None  # None: no logprobs; k: the sampled token's and the top k alternatives'
     slo_class: str | None = None  # service class in configs/slo.yaml (queue order, deadlines); None: the default
     every_token: bool = True  # False: outputs at the first token and at the end only (a reply not streamed)
+    grammar: GrammarSpec | None = None  # structured output: the tokens are constrained to this grammar
 
     def validate(self) -> None:
         checks = [
