@@ -161,7 +161,7 @@ class LLMEngine:
         return self.runner.grammars
 
     def grammar_counters(self) -> GrammarCounters:
-        return self.runner.grammars.counters if self.runner.grammars is not None else GrammarCounters()
+        return replace(self.runner.grammars.counters) if self.runner.grammars is not None else GrammarCounters()
 
     def abort(self, request_id: str) -> RequestOutput | None:
         seq = self._seqs.get(request_id)
@@ -261,7 +261,8 @@ class LLMEngine:
                        decode_step_s=self.step_timer.decode_step_s,
                        prefill_tokens_per_s=self.step_timer.prefill_tokens_per_s,
                        prefill_stall_tokens_per_s=self.step_timer.prefill_stall_tokens_per_s,
-                       decode_line=self.step_timer.decode_line.line(), workers={"colocated": 1})
+                       decode_line=self.step_timer.decode_line.line(), workers={"colocated": 1},
+                       grammar=self.grammar_counters())
 
     def wakeup(self) -> None:
         """Nothing to do: a colocated step never blocks waiting for events."""
