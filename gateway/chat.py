@@ -39,6 +39,7 @@ from gateway.streaming import (
     started,
     until_done_or_gone,
 )
+from gateway.structured import OutputPlan, output_plan, response_format_grammar
 from trajectory import step_timer
 
 router = APIRouter()
@@ -68,11 +69,13 @@ async def chat_completions(request: Request) -> Response:
     check_model(gw, body.model)
     session_id = request.headers.get(SESSION_HEADER) or (body.metadata or {}).get("session_id")
     observation_rule(body.metadata)
-    writer = ChatStreamWriter(gw.model_name, bool(body.tools), body.n, gw.tokenizer.decode,
+    output = output_plan(body.tools, body.tool_choice, body.parallel_tool_calls,
+                         response_format_grammar(body.response_format, "response_format"))
+    writer = ChatStreamWriter(gw.model_name, output.parse_tools, body.n, gw.tokenizer.decode,
                               None if body.parallel_tool_calls else 1, body.stream)
     usage = Usage()
     key = session_key(principal.name, session_id) if session_id else None
-    events = _chat_events(gw, body, key, writer, usage, principal)
+    events = _chat_events(gw, body, key, writer, usage, principal, output)
     if body.stream:
         return await sse_response(events, writer, usage if body.include_usage else None)
     await until_done_or_gone(drain(events), request)
@@ -80,7 +83,8 @@ async def chat_completions(request: Request) -> Response:
 
 
 async def _chat_events(gw: GatewayState, body: ChatCompletionRequest, key: StoreKey | None,
-                       writer: ChatStreamWriter, usage: Usage, principal: Principal) -> AsyncIterator[Event]:
+                       writer: ChatStreamWriter, usage: Usage, principal: Principal, output: OutputPlan
+                       ) -> AsyncIterator[Event]:
     messages = [m.to_message() for m in body.messages]
     async with gw.sessions.open(key, body.tools, principal.holds.sessions) as turn:
         new = gw.sessions.new_messages(turn, messages) if turn.persistent else messages
@@ -90,7 +94,7 @@ async def _chat_events(gw: GatewayState, body: ChatCompletionRequest, key: Store
         max_tokens = output_budget(body.max_completion_tokens or body.max_tokens, _max_tokens_param(body),
                                    len(plan.prompt_token_ids), gw.engine.engine.max_model_len,
                                    gw.settings.default_max_tokens)
-        params = [body.sampling_params(max_tokens, body.logprob_count(), i, principal.slo_class)
+        params = [body.sampling_params(max_tokens, body.logprob_count(), i, principal.slo_class, output.grammar)
                   for i in range(body.n)]
         session = plan.session if turn.persistent else None
         stats = turn_stats("chat", plan, turn.persistent)
@@ -126,7 +130,8 @@ async def completions(request: Request) -> Response:
     token_ids = gw.engine.engine.tokenize(prompt)
     max_tokens = output_budget(body.max_tokens, "max_tokens", len(token_ids), gw.engine.engine.max_model_len,
                                COMPLETION_DEFAULT_MAX_TOKENS)
-    params = [body.sampling_params(max_tokens, body.logprobs, i, principal.slo_class) for i in range(body.n)]
+    grammar = response_format_grammar(body.response_format, "response_format")
+    params = [body.sampling_params(max_tokens, body.logprobs, i, principal.slo_class, grammar) for i in range(body.n)]
     echoed = "" if not body.echo else prompt if isinstance(prompt, str) else gw.tokenizer.decode(
         gw.engine.engine.validate(prompt, params[0]))  # ids out of the vocabulary: 400 before the decoder sees them
     choices = [ChoiceResult(i, text=echoed) for i in range(body.n)]  # echo: the prompt, then the completion

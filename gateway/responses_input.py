@@ -29,6 +29,7 @@ class ResponseCreateRequest(RequestBody):
     temperature: float = Field(default=1.0, ge=0, le=2)
     top_p: float = Field(default=1.0, gt=0, le=1)
     ignore_eos: bool = False  # vLLM's extension: generate max_output_tokens whatever the model says
+    text: dict[str, Any] | None = None  # {"format": {...}}: text, json_object or json_schema (gateway.structured)
     metadata: dict[str, str] | None = None
     user: str | None = None  # an end-user id, echoed; it changes no output (OpenAI uses it for abuse monitoring)
     stream: bool = False
@@ -48,7 +49,7 @@ class ResponseCreateRequest(RequestBody):
                 "tools": self.tools or [], "tool_choice": self.tool_choice,
                 "parallel_tool_calls": self.parallel_tool_calls, "max_output_tokens": self.max_output_tokens,
                 "temperature": self.temperature, "top_p": self.top_p, "metadata": self.metadata or {},
-                "user": self.user, "store": self.store, "text": {"format": {"type": "text"}},
+                "user": self.user, "store": self.store, "text": self.text or {"format": {"type": "text"}},
                 "truncation": "disabled", "reasoning": None, "background": False}
 
 
