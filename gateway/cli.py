@@ -128,6 +128,7 @@ BENCHMARKS = {
     "upstream": ("agents_eval.bench.upstream", "session-affine routing against round-robin over upstream replicas"),
     "kv-cache": ("agents_eval.bench.kv_cache", "improved LFU against LRU and the unbounded bound on a trace"),
     "ipc": ("agents_eval.bench.ipc", "engine messages between processes: pickle against msgspec"),
+    "structured": ("agents_eval.bench.structured", "structured outputs: forced tool calls, json_schema, jump-forward"),
 }
 
 

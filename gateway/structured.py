@@ -21,6 +21,7 @@ from engine.grammar_spec import GrammarSpec
 from gateway.errors import APIError
 
 NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
+MAX_PARALLEL_CALLS = 4  # a small model, free to add calls, repeats its call until max_tokens cuts one in half
 
 
 @dataclass(frozen=True)
@@ -96,26 +97,34 @@ def output_plan(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str,
 
 def tool_call_grammar(tools: list[dict[str, Any]], many: bool) -> GrammarSpec:
     """Calls of these tools, each `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` with arguments valid
-    under the tool's parameters schema; several on their own lines when `many`."""
+    under the tool's parameters schema; when `many`, up to MAX_PARALLEL_CALLS of them on their own lines."""
     calls = [{"type": "object", "properties": {"name": {"const": _name(tool)}, "arguments": _parameters(tool)},
               "required": ["name", "arguments"], "additionalProperties": False} for tool in tools]
-    strict = all(tool.get("function", tool).get("strict") for tool in tools)
+    strict = all(_function(tool).get("strict") for tool in tools)
     options = {**JSON_OPTIONS, "lenient": not strict}
     body = json.dumps({"x-guidance": options, "anyOf": calls})
-    repeat = ' ("\\n" call)*' if many else ""
+    repeat = ' ("\\n" call' * (MAX_PARALLEL_CALLS - 1) + ")?" * (MAX_PARALLEL_CALLS - 1) if many else ""
     return GrammarSpec("lark", f'start: call{repeat}\ncall: "<tool_call>" body "</tool_call>"\nbody: %json {body}\n')
 
 
 def _parameters(tool: dict[str, Any]) -> dict[str, Any]:
-    parameters = tool.get("function", tool).get("parameters") or NO_PARAMETERS
+    parameters = _function(tool).get("parameters") or NO_PARAMETERS
     if not isinstance(parameters, dict):
         raise APIError(400, f"the parameters of tool {_name(tool)!r} must be a JSON schema object", param="tools",
                        code="invalid_value")
     return parameters
 
 
+def _function(tool: Any) -> dict[str, Any]:
+    """A tool's function fields: chat's {"type": "function", "function": {...}} or Responses' flat form."""
+    function = tool.get("function", tool) if isinstance(tool, dict) else None
+    if not isinstance(function, dict):
+        raise APIError(400, "every tool must be a function tool object", param="tools", code="invalid_value")
+    return function
+
+
 def _name(tool: dict[str, Any]) -> str:
-    name = tool.get("function", tool).get("name")
+    name = _function(tool).get("name")
     if not isinstance(name, str) or not name:
         raise APIError(400, "every function tool needs a name", param="tools", code="invalid_value")
     return name
@@ -125,7 +134,8 @@ def _chosen_name(choice: str | dict[str, Any]) -> str:
     """The function a tool_choice names: chat's {"type": "function", "function": {"name"}} or Responses'
     {"type": "function", "name"}."""
     if isinstance(choice, dict) and choice.get("type") == "function":
-        name = choice.get("function", choice).get("name")
+        function = choice.get("function", choice)
+        name = function.get("name") if isinstance(function, dict) else None
         if isinstance(name, str):
             return name
     raise APIError(400, f"tool_choice must be 'auto', 'none', 'required' or a function, got {_shown(choice)}",
