@@ -14,6 +14,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 import llguidance
+import numpy
 import torch
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ from engine.sampling import RequestError
 JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ANY_OBJECT = '{"type": "object"}'
 CACHE_SIZE = 256
+PARALLEL_ROWS = 32  # steps with this many constrained rows compute their masks on llguidance's threads
 
 
 class GrammarError(RequestError):
@@ -88,6 +90,15 @@ def _piece_bytes(piece: str) -> bytes:
     return piece.replace("\u2581", " ").encode("utf-8")
 
 
+def allowed_tokens(masks: torch.Tensor, width: int) -> numpy.ndarray:
+    """Bitmasks [rows, words] int32 as booleans [rows, width] (little-endian words: byte k holds tokens 8k..8k+7);
+    tokens past the masks' width are not allowed."""
+    bits = numpy.unpackbits(masks.numpy().view(numpy.uint8), axis=1, bitorder="little").view(bool)
+    if bits.shape[1] >= width:
+        return bits[:, :width]
+    return numpy.pad(bits, ((0, 0), (0, width - bits.shape[1])))
+
+
 class GrammarCompiler:
     """Compiled grammars by spec (least recently used dropped past `size`); a request gets a copy."""
 
@@ -126,7 +137,6 @@ class Grammars:
         self._matchers: dict[str, llguidance.LLMatcher] = {}
         self._jump: dict[str, bool] = {}
         self._executor = llguidance.LLExecutor()
-        self._byte_bits = ((torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1).bool()  # byte -> its 8 bits
 
     def add(self, request_id: str, spec: GrammarSpec, accepted: list[int], room: int) -> list[int]:
         """Start (or rebuild) a request's matcher from its accepted output tokens; the tokens the grammar then
@@ -147,12 +157,17 @@ class Grammars:
         return request_id in self._matchers
 
     def bitmasks(self, request_ids: list[str]) -> torch.Tensor:
-        """[len(request_ids), words] int32, bit t of row r set where request r may take token t; computed for
-        all rows at once on the library's threads."""
+        """[len(request_ids), words] int32, bit t of row r set where request r may take token t: one tensor for the
+        step, its rows filled one by one (about 20 us each) or, past PARALLEL_ROWS, on the library's threads (their
+        hand-offs cost more than they save on a few rows, and far more on a busy host)."""
         words = (self.vocab_size + 31) // 32
         masks = torch.empty((len(request_ids), words), dtype=torch.int32)
-        rows = [(self._matchers[rid], row) for row, rid in enumerate(request_ids)]
-        self._executor.unsafe_compute_mask_ptr(rows, masks.data_ptr(), words * 4, len(request_ids))
+        if len(request_ids) >= PARALLEL_ROWS:
+            rows = [(self._matchers[rid], row) for row, rid in enumerate(request_ids)]
+            self._executor.unsafe_compute_mask_ptr(rows, masks.data_ptr(), words * 4, len(request_ids))
+            return masks
+        for row, request_id in enumerate(request_ids):
+            self._matchers[request_id].unsafe_compute_mask_ptr(masks[row].data_ptr(), words * 4)
         return masks
 
     def bitmask(self, request_id: str) -> torch.Tensor:
@@ -162,24 +177,23 @@ class Grammars:
         return mask
 
     def apply(self, logits: torch.Tensor, request_ids: list[str]) -> None:
-        """Set to -inf, in place, the logits of tokens the rows' grammars forbid (unconstrained rows untouched)."""
+        """Set to -inf, in place, the logits of tokens the rows' grammars forbid (unconstrained rows untouched).
+        Host logits are masked row by row through numpy, off torch's intra-op threads: on a small step their
+        wake-ups cost a hundred times the work on a loaded host."""
         rows = [row for row, rid in enumerate(request_ids) if rid in self._matchers]
         if not rows:
             return
         started = time.perf_counter()
-        allowed = self.allowed(self.bitmasks([request_ids[row] for row in rows]), logits.shape[-1])
-        index = torch.tensor(rows, device=logits.device)
-        logits[index] = logits[index].masked_fill(~allowed.to(logits.device), float("-inf"))
+        blocked = ~allowed_tokens(self.bitmasks([request_ids[row] for row in rows]), logits.shape[-1])
+        if logits.device.type == "cpu" and logits.dtype == torch.float32:
+            values = logits.numpy()
+            for index, row in enumerate(rows):
+                numpy.putmask(values[row], blocked[index], -numpy.inf)
+        else:
+            at = torch.tensor(rows, device=logits.device)
+            logits[at] = logits[at].masked_fill(torch.from_numpy(blocked).to(logits.device), float("-inf"))
         self.counters.mask_seconds += time.perf_counter() - started
         self.counters.mask_steps += 1
-
-    def allowed(self, masks: torch.Tensor, width: int) -> torch.Tensor:
-        """Bitmasks [rows, words] as booleans [rows, width]: each byte looked up in a table (little-endian words,
-        so byte k holds tokens 8k..8k+7); a tenth of the time of shifting every word 32 ways."""
-        allowed = self._byte_bits[masks.view(torch.uint8).to(torch.int32)].view(masks.shape[0], -1)
-        if allowed.shape[1] >= width:
-            return allowed[:, :width]
-        return torch.nn.functional.pad(allowed, (0, width - allowed.shape[1]))
 
     def accept(self, request_id: str, token: int, room: int) -> list[int]:
         """Advance a request's matcher by its sampled token; the tokens then forced (at most `room`)."""
