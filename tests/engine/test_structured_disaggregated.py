@@ -10,10 +10,11 @@ import pytest
 
 from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
+from engine.llm_engine import Completion, LLMEngine
 from engine.sampling import SamplingParams
 from engine.worker.coordinator import DisaggregatedEngine
 from engine.worker.deployment import DeploymentSettings
+from tests.engine.test_disaggregated import kill_worker
 from tests.engine.test_structured import PROMPTS, constrained, is_valid
 
 pytestmark = pytest.mark.slow
@@ -47,3 +48,25 @@ def test_unconstrained_requests_beside_constrained_ones_are_unchanged(disaggrega
     params = [free if i % 2 else constrained(i) for i in range(len(PROMPTS))]
     expected = LLMEngine("tiny", SETTINGS).generate(PROMPTS, params)
     assert [r.token_ids for r in disaggregated.generate(PROMPTS, params)] == [r.token_ids for r in expected]
+
+
+def test_a_decode_worker_killed_mid_json_is_rerun_to_the_same_valid_json() -> None:
+    engine = DisaggregatedEngine("tiny", SETTINGS, DeploymentSettings(transport="shm", kv_timeout_s=2.0),
+                                 ALWAYS_REMOTE)
+    params = [constrained(seed) for seed in range(len(PROMPTS))]
+    try:
+        ids = [engine.add_request(p, sp) for p, sp in zip(PROMPTS, params, strict=True)]
+        results = {i: Completion(i) for i in ids}
+        killed = False
+        while engine.has_unfinished():
+            for out in engine.step():
+                results[out.request_id].add(out)
+                if not killed and len(results[out.request_id].token_ids) >= 3:  # inside the JSON object
+                    kill_worker(engine, 1)
+                    killed = True
+        assert killed and engine.dead_workers == [1]
+        expected = LLMEngine("tiny", SETTINGS).generate(PROMPTS, params)
+        assert [results[i].token_ids for i in ids] == [r.token_ids for r in expected]
+        assert all(is_valid(results[i].text) for i in ids)
+    finally:
+        engine.shutdown()

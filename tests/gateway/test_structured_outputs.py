@@ -14,8 +14,11 @@ import openai
 import pytest
 
 from engine.config import EngineSettings
+from engine.grammar_spec import GrammarSpec
 from engine.llm_engine import LLMEngine
 from gateway.settings import GatewaySettings
+from gateway.structured import schema_spec, tool_call_grammar
+from gateway.upstream.request import grammar_fields
 from tests.conftest import free_port, openai_client
 from tests.gateway.conftest import running_gateway
 
@@ -178,3 +181,25 @@ def _requests_run(url: str) -> float:
     metrics = httpx.get(f"{url}/metrics", timeout=30).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                if line.startswith("agentserve:requests_total{"))
+
+
+def test_an_upstream_is_sent_the_grammar_in_fields_it_reads() -> None:
+    strict_schema = schema_spec(PERSON, strict=True)
+    fields = grammar_fields(strict_schema)
+    assert fields == {"response_format": {"type": "json_schema", "json_schema": {"name": "output", "schema": PERSON}}}
+    assert grammar_fields(GrammarSpec("json_object")) == {"response_format": {"type": "json_object"}}
+    calls = tool_call_grammar(TOOLS, many=False)
+    assert grammar_fields(calls) == {"structured_outputs": {"grammar": calls.source}}
+
+
+def test_metrics_count_constrained_requests_and_forced_tokens(smollm2_url: str) -> None:
+    openai_client(smollm2_url).chat.completions.create(
+        model="smollm2", messages=ASK, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=48)
+    text = httpx.get(f"{smollm2_url}/metrics", timeout=30).text
+    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+              if line.startswith(("agentserve:structured_", "agentserve:grammar_"))}
+    assert values["agentserve:structured_requests_total"] >= 1
+    assert values["agentserve:structured_forced_tokens_total"] > 0
+    hits, queries = (values[f"agentserve:grammar_compile_cache_{name}_total"] for name in ("hits", "queries"))
+    assert queries >= 1 and 0 <= hits <= queries
+    assert values["agentserve:grammar_mask_steps_total"] > 0
