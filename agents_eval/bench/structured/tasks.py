@@ -1,12 +1,14 @@
 """Seeded inputs of the structured-outputs benchmark: agent tasks offering 1-4 tools of the quality benchmark's
 kinds (shell, browser, http, and a file reader), and pydantic-style output schemas. Every tool's parameters and
-every schema is a pydantic model, so replies are validated by pydantic, not by the grammar library under test."""
+every schema is a pydantic model, so replies are validated by pydantic, not by the grammar library under test.
+Strings are bounded, as an agent's action schema bounds them, so a whole reply fits the benchmark's max_tokens: a
+grammar holds a reply to its form, not to a length, and a reply cut by max_tokens is invalid JSON."""
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
@@ -18,21 +20,21 @@ class Strict(BaseModel):
 
 
 class Shell(Strict):
-    command: str = Field(max_length=80)
+    command: str = Field(max_length=60)
 
 
 class Browser(Strict):
     action: Literal["open", "click", "type", "scroll"]
-    target: str = Field(max_length=80)
+    target: str = Field(max_length=40)
 
 
 class Http(Strict):
     method: Literal["GET", "POST", "PUT", "DELETE"]
-    url: str = Field(max_length=60)
+    url: str = Field(max_length=40)
 
 
 class ReadFile(Strict):
-    path: str = Field(max_length=80)
+    path: str = Field(max_length=40)
     lines: int = Field(ge=1, le=500)
 
 
@@ -73,10 +75,11 @@ def agent_tasks(count: int, seed: int) -> list[AgentTask]:
             for i in range(count)]
 
 
+ShortText = Annotated[str, Field(max_length=16)]
 FIELD_KINDS: list[tuple[str, Any, dict[str, Any]]] = [
-    ("name", str, {"max_length": 30}), ("city", str, {"max_length": 30}), ("count", int, {"ge": 0, "le": 1000}),
-    ("price", float, {"ge": 0, "le": 10000}), ("in_stock", bool, {}), ("tags", list[str], {"max_length": 4}),
-    ("status", Literal["open", "shipped", "cancelled"], {}), ("email", str, {"max_length": 40}),
+    ("name", str, {"max_length": 24}), ("city", str, {"max_length": 24}), ("count", int, {"ge": 0, "le": 1000}),
+    ("price", float, {"ge": 0, "le": 10000}), ("in_stock", bool, {}), ("tags", list[ShortText], {"max_length": 3}),
+    ("status", Literal["open", "shipped", "cancelled"], {}), ("email", str, {"max_length": 30}),
     ("quantity", int, {"ge": 1, "le": 99}), ("rating", int, {"ge": 1, "le": 5}),
 ]
 SUBJECTS = ("a customer", "an order", "a product", "a support ticket", "a shipment", "a store", "a review")
@@ -101,8 +104,8 @@ def schema_tasks(count: int, seed: int) -> list[SchemaTask]:
         chosen = rng.sample(FIELD_KINDS, rng.randint(2, 5))
         fields: dict[str, Any] = {name: (kind, Field(**limits)) for name, kind, limits in chosen}
         if index % 3 == 2:
-            fields["address"] = (create_model("Address", __base__=Strict, street=(str, Field(max_length=40)),
-                                              zip=(str, Field(max_length=10))), ...)
+            fields["address"] = (create_model("Address", __base__=Strict, street=(str, Field(max_length=30)),
+                                              zip=(str, Field(max_length=8))), ...)
         tasks.append(SchemaTask(index, rng.choice(SUBJECTS), create_model(f"Schema{index}", __base__=Strict,
                                                                           **fields)))
     return tasks
