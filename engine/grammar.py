@@ -9,6 +9,7 @@ preempted request keeps its outputs, so its matcher stays valid while its KV is 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ from engine.sampling import RequestError
 JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ANY_OBJECT = '{"type": "object"}'
 CACHE_SIZE = 256
+log = logging.getLogger(__name__)
 PARALLEL_ROWS = 32  # steps with this many constrained rows compute their masks on llguidance's threads
 
 
@@ -200,8 +202,11 @@ class Grammars:
         matcher = self._matchers.get(request_id)
         if matcher is None:
             return []
-        if not matcher.consume_token(token):
-            raise GrammarError(f"sampled token {token} breaks the grammar: {matcher.get_error()}")
+        if not matcher.consume_token(token):  # the mask allowed it, so only a library fault gets here
+            log.error("request %s: sampled token %d breaks its grammar (%s); it goes on unconstrained", request_id,
+                      token, matcher.get_error())
+            self.remove(request_id)
+            return []
         return self._forced(request_id, matcher, room)
 
     def _forced(self, request_id: str, matcher: llguidance.LLMatcher, room: int) -> list[int]:
