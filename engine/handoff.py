@@ -20,7 +20,7 @@ from engine.sequence import Sequence, SessionRef
 class Handoff:
     request_id: str
     prompt_token_ids: list[int]
-    first_token: int
+    output_token_ids: list[int]  # the first sampled token, after any its grammar forced before it
     params: SamplingParams
     sampler_state: bytes
     num_cached_tokens: int
@@ -37,7 +37,7 @@ def take_handoff(engine: LLMEngine, request_id: str) -> Handoff:
     """The prefill side's record of a request that ended "prefilled" (its KV stays until released)."""
     prefilled = engine.prefilled[request_id]
     seq = prefilled.seq
-    return Handoff(request_id, seq.prompt_token_ids, seq.output_token_ids[0], seq.params,
+    return Handoff(request_id, seq.prompt_token_ids, list(seq.output_token_ids), seq.params,
                    _tensor_bytes(prefilled.sampler_state), seq.num_cached_tokens or 0, seq.masked_spans,
                    selection=seq.selection)
 
@@ -62,7 +62,7 @@ def accept_handoff(engine: LLMEngine, handoff: Handoff, kv_frames: list[list[KVB
     without it, or without room for it, the KV is recomputed from the token ids. Returns whether the
     received KV was used."""
     seq = Sequence(handoff.request_id, list(handoff.prompt_token_ids), handoff.params,
-                   output_token_ids=[handoff.first_token], num_cached_tokens=handoff.num_cached_tokens,
+                   output_token_ids=list(handoff.output_token_ids), num_cached_tokens=handoff.num_cached_tokens,
                    masked_spans=handoff.masked_spans, session=handoff.session, selection=handoff.selection)
     state = _bytes_tensor(handoff.sampler_state)
     used = kv_frames is not None and _load_kv(engine, seq, kv_frames)

@@ -15,12 +15,14 @@ import torch
 from engine.batcher import make_queue_policy
 from engine.block_manager import HeldBlocks, KVCacheManager
 from engine.config import EngineSettings
+from engine.grammar import Grammars, grammar_tokenizer
+from engine.grammar_spec import GrammarCounters
 from engine.kv_cache.engine_tiers import TierHooks, make_tier_hooks
 from engine.kv_cache.policy import make_policy
 from engine.kv_cache.sizing import sized_settings
 from engine.loader import load_model
 from engine.mask import MaskedSpan, QuerySelection
-from engine.model_runner import ModelRunner
+from engine.model_runner import ModelRunner, forced_room
 from engine.output import OutputProcessor, RequestOutput
 from engine.requests import Prompt, RequestValidator, load_tokenizer_or_none, num_kv_blocks
 from engine.sampling import RequestError, SamplingParams, TokenLogprob
@@ -98,6 +100,7 @@ class LLMEngine:
         eos = self.config.eos_token_ids or _tuple(self.tokenizer.eos_token_id if self.tokenizer else None)
         self.outputs = OutputProcessor(self.tokenizer or _NoText(), eos, self.max_model_len,
                                        settings.stream_interval)
+        self._eos_token_ids = eos
         self._seqs: dict[str, Sequence] = {}
         self.prefilled: dict[str, Prefilled] = {}  # prefill-only requests whose KV awaits hand-off
         self._next_id = itertools.count()
@@ -137,6 +140,10 @@ class LLMEngine:
         """Take a sequence in; running=True when its KV is already in its blocks (a hand-off)."""
         if seq.request_id in self._seqs:
             raise RequestError(f"request id {seq.request_id!r} is already running")
+        if seq.params.grammar is not None:
+            room = forced_room(seq, self.max_model_len)
+            seq.output_token_ids += self.grammars().add(seq.request_id, seq.params.grammar, seq.output_token_ids,
+                                                        room)
         self._seqs[seq.request_id] = seq
         self.runner.sampler.add_request(seq.request_id, seq.params.seed)
         if sampler_state is not None:
@@ -145,6 +152,19 @@ class LLMEngine:
             self.scheduler.add_running(seq)
         else:
             self.scheduler.add(seq)
+
+    def grammars(self) -> Grammars:
+        """The engine's structured-output state, made at the first constrained request (its tokenizer view takes
+        about a second to build for a 49k vocabulary)."""
+        if self.runner.grammars is None:
+            if self.tokenizer is None:
+                raise RequestError("this model has no tokenizer: structured outputs need one")
+            tokenizer = grammar_tokenizer(self.tokenizer, self.config.vocab_size, self._eos_token_ids)
+            self.runner.grammars = Grammars(tokenizer, self.config.vocab_size)
+        return self.runner.grammars
+
+    def grammar_counters(self) -> GrammarCounters:
+        return replace(self.runner.grammars.counters) if self.runner.grammars is not None else GrammarCounters()
 
     def abort(self, request_id: str) -> RequestOutput | None:
         seq = self._seqs.get(request_id)
@@ -170,7 +190,7 @@ class LLMEngine:
         result = self.runner.execute(batch, block_tables, layer_done)
         self.step_timer.observe(time.monotonic() - started, batch.prompt_tokens, batch.decode_streams)
         traced = None if self.trace is None else batch.composition()  # before update() counts it computed
-        self.scheduler.update(batch, result.sampled)
+        self.scheduler.update(batch, result.sampled, result.forced)
         outputs = []
         for seq in batch.seqs:
             if seq.request_id in result.sampled:
@@ -243,7 +263,8 @@ class LLMEngine:
                        decode_step_s=self.step_timer.decode_step_s,
                        prefill_tokens_per_s=self.step_timer.prefill_tokens_per_s,
                        prefill_stall_tokens_per_s=self.step_timer.prefill_stall_tokens_per_s,
-                       decode_line=self.step_timer.decode_line.line(), workers={"colocated": 1})
+                       decode_line=self.step_timer.decode_line.line(), workers={"colocated": 1},
+                       grammar=self.grammar_counters())
 
     def wakeup(self) -> None:
         """Nothing to do: a colocated step never blocks waiting for events."""

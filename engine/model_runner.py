@@ -4,7 +4,7 @@ over the paged KV cache, and samples."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -19,6 +19,7 @@ from engine.attention import (
 )
 from engine.block_selection import BlockSummaries, QueryCapture, block_scores
 from engine.config import ModelConfig
+from engine.grammar import Grammars
 from engine.mask import MaskedSpan, spans_skipping_blocks
 from engine.model import LlamaForCausalLM
 from engine.sampling import Sampler, TokenLogprob, token_logprob
@@ -33,6 +34,7 @@ class StepResult:
     sampled: dict[str, int]  # request id -> new token, for sequences whose chunk reached their end
     logits: dict[str, torch.Tensor]  # request id -> [vocab] logits, for those that asked for them
     logprobs: dict[str, TokenLogprob]  # for those that asked for them
+    forced: dict[str, list[int]] = field(default_factory=dict)  # tokens a grammar forces after the sampled one
 
 
 @dataclass
@@ -59,6 +61,7 @@ class ModelRunner:
         self._block_offsets = torch.arange(block_size)
         self.sampler = Sampler()
         self.summaries = BlockSummaries(block_size)  # of the `query` policy's requests only
+        self.grammars: Grammars | None = None  # set by the engine at its first constrained request
         self.kv_caches = [
             new_kv_cache(num_blocks * block_size, config.num_key_value_heads, config.head_dim, dtype, device)
             for _ in range(config.num_hidden_layers)
@@ -95,7 +98,10 @@ class ModelRunner:
             return StepResult({}, {}, {})
         logits = self.model.compute_logits(hidden[ends[sampling]])
         seqs = [entries[i].seq for i in sampling]
-        tokens = self.sampler.sample(logits, [s.request_id for s in seqs], [s.params for s in seqs])
+        request_ids = [s.request_id for s in seqs]
+        if self.grammars is not None:
+            self.grammars.apply(logits, request_ids)
+        tokens = self.sampler.sample(logits, request_ids, [s.params for s in seqs])
         return StepResult(
             sampled={s.request_id: t for s, t in zip(seqs, tokens, strict=True)},
             logits={s.request_id: logits[row].to("cpu", copy=True)
@@ -103,11 +109,14 @@ class ModelRunner:
             logprobs={s.request_id: token_logprob(logits[row], token, s.params.logprobs)
                       for row, (s, token) in enumerate(zip(seqs, tokens, strict=True))
                       if s.params.logprobs is not None},
+            forced=self._jump_forward(seqs, tokens),
         )
 
     def release(self, request_id: str) -> None:
-        """A request left the engine: drop its block summaries."""
+        """A request left the engine: drop its block summaries and its grammar matcher."""
         self.summaries.forget(request_id)
+        if self.grammars is not None:
+            self.grammars.remove(request_id)
 
     def _select_blocks(self, entries: list[_Entry], capture: QueryCapture) -> None:
         """The `query` policy: score each decoding request's full history blocks against this step's queries
@@ -121,6 +130,19 @@ class ModelRunner:
             skipped = seq.selection.skipped_blocks(scores.tolist(), position, self.block_size)
             new = spans_skipping_blocks(skipped, self.block_size, position + 1)
             seq.selected_spans = _reselected(seq.selected_spans, new, position + 1)
+
+    def _jump_forward(self, seqs: list[Sequence], tokens: list[int]) -> dict[str, list[int]]:
+        """Each constrained sequence's matcher advanced by its sampled token; the tokens its grammar then forces
+        (none for a prefill worker's request, which ends at its first token)."""
+        if self.grammars is None:
+            return {}
+        forced = {}
+        for seq, token in zip(seqs, tokens, strict=True):
+            room = 0 if seq.prefill_only else forced_room(seq, self.config.max_position_embeddings, 1)
+            tokens_forced = self.grammars.accept(seq.request_id, token, room)
+            if tokens_forced:
+                forced[seq.request_id] = tokens_forced
+        return forced
 
     def read_kv(self, layer: int, block_ids: list[int], num_tokens: int) -> torch.Tensor:
         """One layer's K and V of a request's first num_tokens tokens: [2, num_tokens, kv_heads, head_dim], in
@@ -195,6 +217,12 @@ def _selects(entry: _Entry) -> bool:
     seq = entry.seq
     return (seq.selection is not None and entry.num_new == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens
             and seq.selection.due(len(seq.output_token_ids)))
+
+
+def forced_room(seq: Sequence, max_model_len: int, pending: int = 0) -> int:
+    """How many forced tokens a sequence may still take after `pending` more, leaving one to sample."""
+    output = len(seq.output_token_ids) + pending
+    return min(seq.params.max_tokens - output, max_model_len - seq.num_tokens - pending) - 1
 
 
 def _first_rows(entries: list[_Entry]) -> list[int]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config import EngineSettings, ModelConfig
+from engine.grammar import check_grammar
 from engine.kv_cache.sizing import size_kv_cache
 from engine.loader import resolve_model
 from engine.sampling import RequestError, SamplingParams
@@ -59,6 +60,8 @@ class RequestValidator:
     def validate(self, prompt: Prompt, params: SamplingParams) -> list[int]:
         """Token ids of a valid request; RequestError naming the problem otherwise."""
         params.validate()
+        if params.grammar is not None:
+            check_grammar(params.grammar)
         if params.slo_class is not None and params.slo_class not in self.slo_classes:
             raise RequestError(f"slo_class {params.slo_class!r} is not one of {sorted(self.slo_classes)}")
         if not prompt:

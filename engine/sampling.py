@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.grammar_spec import GrammarSpec
+
 
 class RequestError(ValueError):
     """A request the engine refuses; the message names the problem in one line."""
@@ -30,6 +32,7 @@ class SamplingParams:
     slo_class: str | None = None  # service class in configs/slo.yaml (queue order, deadlines); None: the default
     every_token: bool = True  # False: outputs at the first token and at the end only (a reply not streamed)
     cache_salt: str | None = None  # mixed into the first KV block's hash: prefixes are reused only under one salt
+    grammar: GrammarSpec | None = None  # structured output: the tokens are constrained to this grammar
 
     def validate(self) -> None:
         checks = [

@@ -166,13 +166,16 @@ class Scheduler:
     def _keys(self, seq: Sequence) -> ExtraKeys | BlockKeys:
         return block_keys(seq.attention_spans, self.kv.block_size, seq.params.cache_salt)
 
-    def update(self, batch: ScheduledBatch, sampled: dict[str, int]) -> None:
-        """After the model ran: advance computed counts and append the sampled tokens."""
+    def update(self, batch: ScheduledBatch, sampled: dict[str, int], forced: dict[str, list[int]] | None = None
+               ) -> None:
+        """After the model ran: advance computed counts and append the sampled tokens, each followed by the tokens
+        its grammar forces (computed by the next step, as one chunk)."""
         for seq, num_tokens in zip(batch.seqs, batch.num_new_tokens, strict=True):
             seq.num_computed_tokens += num_tokens
             token = sampled.get(seq.request_id)
             if token is not None:
                 seq.output_token_ids.append(token)
+                seq.output_token_ids += (forced or {}).get(seq.request_id, ())
 
     def finish(self, seq: Sequence, reason: str, now: float = 0.0) -> None:
         """End a request (stop, length or abort). Its blocks are freed at once, or pinned for its session

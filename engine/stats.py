@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.capacity.signals import AdmittedWork
+from engine.grammar_spec import GrammarCounters
 from engine.sequence import Sequence
 
 
@@ -130,6 +131,7 @@ class EngineStats:
     last_move_at: float | None = None  # unix seconds of the controller's latest move
     kv_transfers: dict[str, int] = field(default_factory=dict)  # outcome -> cumulative KV transfers received
     prefill_stall_tokens_per_s: float = 0.0  # StallFit; 0 until a step mixed prefill with decoding
+    grammar: GrammarCounters = field(default_factory=GrammarCounters)  # structured outputs, cumulative
 
     @classmethod
     def total(cls, parts: list[EngineStats], workers: dict[str, int]) -> EngineStats:
@@ -139,7 +141,9 @@ class EngineStats:
             return sum(measured) / len(measured) if measured else 0.0
 
         transfers: dict[str, int] = {}
+        grammar = GrammarCounters()
         for part in parts:
+            grammar.add(part.grammar)
             for outcome, count in part.kv_transfers.items():
                 transfers[outcome] = transfers.get(outcome, 0) + count
         return cls(sum(p.running for p in parts), sum(p.waiting for p in parts),
@@ -149,7 +153,7 @@ class EngineStats:
                    sum(p.prefix_cache_hits for p in parts), mean([p.decode_step_s for p in parts]),
                    mean([p.prefill_tokens_per_s for p in parts]), mean_line([p.decode_line for p in parts]),
                    workers, kv_transfers=transfers,
-                   prefill_stall_tokens_per_s=mean([p.prefill_stall_tokens_per_s for p in parts]))
+                   prefill_stall_tokens_per_s=mean([p.prefill_stall_tokens_per_s for p in parts]), grammar=grammar)
 
 
 def mean_line(lines: list[tuple[float, float] | None]) -> tuple[float, float] | None:

@@ -60,6 +60,10 @@ class SentencePieceTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return str(self._sp.decode(list(ids)))
 
+    def piece(self, token_id: int) -> str:
+        """The token's sentencepiece spelling ('\u2581' for a space, '<0xNN>' for a byte)."""
+        return str(self._sp.id_to_piece(token_id))
+
     def _encode_escaping_meta_space(self, text: str) -> list[int]:
         if self._meta_space_ids is None or SP_META_SPACE not in text:
             return list(self._sp.encode(text))
@@ -103,6 +107,10 @@ class HFTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
+
+    def backend_json(self) -> str:
+        """The whole tokenizer as `tokenizer.json` text (what a grammar library builds its token trie from)."""
+        return str(self._tok.to_str())
 
 
 def load_tokenizer(model_dir: Path | None) -> Tokenizer:

@@ -39,6 +39,7 @@ from gateway.streaming import (
     started,
     until_done_or_gone,
 )
+from gateway.structured import OutputPlan, output_plan, response_format_grammar
 from trajectory import step_timer
 
 router = APIRouter()
@@ -69,11 +70,13 @@ async def chat_completions(request: Request) -> Response:
     session_id = request.headers.get(SESSION_HEADER) or (body.metadata or {}).get("session_id")
     observation_rule(body.metadata)
     history_rule(body.metadata, gw.sessions.policies.settings.history.policies)
-    writer = ChatStreamWriter(gw.model_name, bool(body.tools), body.n, gw.tokenizer.decode,
+    output = output_plan(body.tools, body.tool_choice, body.parallel_tool_calls,
+                         response_format_grammar(body.response_format, "response_format"))
+    writer = ChatStreamWriter(gw.model_name, output.parse_tools, body.n, gw.tokenizer.decode,
                               None if body.parallel_tool_calls else 1, body.stream)
     usage = Usage()
     key = session_key(principal.name, session_id) if session_id else None
-    events = _chat_events(gw, body, key, writer, usage, principal)
+    events = _chat_events(gw, body, key, writer, usage, principal, output)
     if body.stream:
         return await sse_response(events, writer, usage if body.include_usage else None)
     await until_done_or_gone(drain(events), request)
@@ -81,7 +84,8 @@ async def chat_completions(request: Request) -> Response:
 
 
 async def _chat_events(gw: GatewayState, body: ChatCompletionRequest, key: StoreKey | None,
-                       writer: ChatStreamWriter, usage: Usage, principal: Principal) -> AsyncIterator[Event]:
+                       writer: ChatStreamWriter, usage: Usage, principal: Principal, output: OutputPlan
+                       ) -> AsyncIterator[Event]:
     messages = [m.to_message() for m in body.messages]
     async with gw.sessions.open(key, body.tools, principal.holds.sessions) as turn:
         new = gw.sessions.new_messages(turn, messages) if turn.persistent else messages
@@ -94,7 +98,8 @@ async def _chat_events(gw: GatewayState, body: ChatCompletionRequest, key: Store
                                    len(plan.prompt_token_ids), gw.engine.engine.max_model_len,
                                    gw.settings.default_max_tokens)
         salt = prefix_cache_salt(gw, principal, body.cache_salt)
-        params = [body.sampling_params(gw.sampling, max_tokens, body.logprob_count(), i, principal.slo_class, salt)
+        params = [body.sampling_params(gw.sampling, max_tokens, body.logprob_count(), i, principal.slo_class, salt,
+                                       output.grammar)
                   for i in range(body.n)]
         session = plan.session if turn.persistent else None
         stats = turn_stats("chat", plan, turn.persistent)
@@ -131,7 +136,8 @@ async def completions(request: Request) -> Response:
     max_tokens = output_budget(body.max_tokens, "max_tokens", len(token_ids), gw.engine.engine.max_model_len,
                                COMPLETION_DEFAULT_MAX_TOKENS)
     salt = prefix_cache_salt(gw, principal, body.cache_salt)
-    params = [body.sampling_params(gw.sampling, max_tokens, body.logprobs, i, principal.slo_class, salt)
+    grammar = response_format_grammar(body.response_format, "response_format")
+    params = [body.sampling_params(gw.sampling, max_tokens, body.logprobs, i, principal.slo_class, salt, grammar)
               for i in range(body.n)]
     echoed = "" if not body.echo else prompt if isinstance(prompt, str) else gw.tokenizer.decode(
         gw.engine.engine.validate(prompt, params[0]))  # ids out of the vocabulary: 400 before the decoder sees them

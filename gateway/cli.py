@@ -161,6 +161,7 @@ BENCHMARKS = {
     "kv-cache": ("agents_eval.bench.kv_cache", "improved LFU against LRU and the unbounded bound on a trace"),
     "ipc": ("agents_eval.bench.ipc", "engine messages between processes: pickle against msgspec"),
     "sparse": ("agents_eval.bench.sparse", "block-sparse history attention against dense: decode and prefill"),
+    "structured": ("agents_eval.bench.structured", "structured outputs: forced tool calls, json_schema, jump-forward"),
 }
 
 

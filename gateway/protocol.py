@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from engine.grammar_spec import GrammarSpec
 from engine.sampling import SamplingParams
 from engine.sampling_defaults import SamplingDefaults
 from gateway.errors import APIError
@@ -20,8 +21,6 @@ NO_OP: dict[str, Callable[[Any], bool]] = {  # parameter -> whether a value of i
     "frequency_penalty": lambda value: value == 0,
     "presence_penalty": lambda value: value == 0,
     "logit_bias": lambda value: value == {},
-    "response_format": lambda value: value == {"type": "text"},
-    "text": lambda value: value in ({}, {"format": {"type": "text"}}),
     "store": lambda value: value is False,  # chat completions: OpenAI would keep the completion
     "service_tier": lambda value: value in ("auto", "default"),
     "modalities": lambda value: value == ["text"],
@@ -59,14 +58,14 @@ def _never(_: Any) -> bool:
     return False
 
 
-def _auto_tool_choice(value: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
-    if value not in (None, "auto"):
-        raise PydanticCustomError("unsupported_parameter", "only 'auto' is supported: the model decides whether "
-                                  "to call a tool")
+def _known_tool_choice(value: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+    """A named function is checked against the tools later (`gateway.structured.output_plan`)."""
+    if isinstance(value, str) and value not in ("auto", "none", "required"):
+        raise PydanticCustomError("invalid_value", "tool_choice must be 'auto', 'none', 'required' or a function")
     return value
 
 
-ToolChoice = Annotated[str | dict[str, Any] | None, AfterValidator(_auto_tool_choice)]
+ToolChoice = Annotated[str | dict[str, Any] | None, AfterValidator(_known_tool_choice)]
 
 
 class StreamOptions(RequestBody):
@@ -162,6 +161,7 @@ class SamplingFields(RequestBody):
     user: str | None = None
     metadata: dict[str, str] | None = None  # OpenAI's: string values; `session_id` names the session
     cache_salt: str | None = Field(default=None, min_length=1, max_length=256)  # vLLM's: prefix reuse only within it
+    response_format: dict[str, Any] | None = None  # text, json_object or json_schema (gateway.structured)
 
     @field_validator("stop")
     @classmethod
@@ -182,12 +182,13 @@ class SamplingFields(RequestBody):
         return value
 
     def sampling_params(self, defaults: SamplingDefaults, max_tokens: int, logprobs: int | None, choice: int,
-                        slo_class: str | None = None, cache_salt: str | None = None) -> SamplingParams:
+                        slo_class: str | None = None, cache_salt: str | None = None,
+                        grammar: GrammarSpec | None = None) -> SamplingParams:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         seed = None if self.seed is None else self.seed + choice
         sampling = defaults.resolve(self.temperature, self.top_p, self.top_k, self.min_p)
         return SamplingParams(max_tokens=max_tokens, **sampling, seed=seed, stop=stops, logprobs=logprobs,
-                              ignore_eos=self.ignore_eos, slo_class=slo_class, cache_salt=cache_salt)
+                              ignore_eos=self.ignore_eos, slo_class=slo_class, cache_salt=cache_salt, grammar=grammar)
 
     @property
     def include_usage(self) -> bool:

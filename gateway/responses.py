@@ -20,6 +20,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
 
+from engine.grammar_spec import GrammarSpec
 from engine.sampling import SamplingParams
 from gateway.access import prefix_cache_salt, request_principal
 from gateway.auth import Principal
@@ -35,6 +36,7 @@ from gateway.session_store import StoreKey, session_key
 from gateway.sessions import SessionTurn
 from gateway.state import GatewayState
 from gateway.streaming import json_response, until_done_or_gone
+from gateway.structured import output_plan, text_format_grammar
 from trajectory.agent import TurnPlan
 from trajectory.json_codec import dumps, loads
 
@@ -85,14 +87,15 @@ async def response_events(gw: GatewayState, body: ResponseCreateRequest, target:
     that fails or is abandoned before its terminal event leaves the session as it was. Events nobody sees as
     they come (`streamed` off: an HTTP response not streamed) take the engine's outputs at the first token and
     the end only."""
-    stream = ResponseStream(gw.model_name, body.echo(body.sampling(gw.sampling)), parse_tools=bool(target.tools),
+    output = output_plan(target.tools, body.tool_choice, body.parallel_tool_calls, text_format_grammar(body.text))
+    stream = ResponseStream(gw.model_name, body.echo(body.sampling(gw.sampling)), parse_tools=output.parse_tools,
                             max_tool_calls=None if body.parallel_tool_calls else 1)
     async with gw.sessions.open(target.key, target.tools, target.principal.holds.sessions) as turn:
         await _continue_from_previous(gw, turn, target, body)
         turn.trajectory.vip = target.principal.is_vip
         committed = False
         try:
-            plan, prompt, params = _prepare(gw, body, target, turn)
+            plan, prompt, params = _prepare(gw, body, target, turn, output.grammar)
             for event in stream.start():
                 yield event
             try:
@@ -136,7 +139,7 @@ async def _continue_from_previous(gw: GatewayState, turn: SessionTurn, target: S
 
 
 def _prepare(gw: GatewayState, body: ResponseCreateRequest, target: SessionTarget, turn: SessionTurn,
-             ) -> tuple[TurnPlan, list[int], SamplingParams]:
+             grammar: GrammarSpec | None) -> tuple[TurnPlan, list[int], SamplingParams]:
     """The turn's plan, the prompt to run (a warm-up prefills the history without the assistant header)
     and its sampling parameters; RequestError when the engine would refuse them."""
     offered = gw.sessions.policies.settings.history.policies
@@ -148,7 +151,8 @@ def _prepare(gw: GatewayState, body: ResponseCreateRequest, target: SessionTarge
                                gw.engine.engine.max_model_len, gw.settings.default_max_tokens) if body.generate else 1
     params = SamplingParams(max_tokens=max_tokens, **body.sampling(gw.sampling), ignore_eos=body.ignore_eos,
                             slo_class=target.principal.slo_class,
-                            cache_salt=prefix_cache_salt(gw, target.principal, body.cache_salt))
+                            cache_salt=prefix_cache_salt(gw, target.principal, body.cache_salt),
+                            grammar=grammar if body.generate else None)
     gw.engine.engine.validate(prompt, params)
     return plan, prompt, params
 

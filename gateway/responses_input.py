@@ -32,6 +32,7 @@ class ResponseCreateRequest(RequestBody):
     top_p: float | None = Field(default=None, gt=0, le=1)
     min_p: float | None = Field(default=None, ge=0, le=1)  # vLLM's extension
     ignore_eos: bool = False  # vLLM's extension: generate max_output_tokens whatever the model says
+    text: dict[str, Any] | None = None  # {"format": {...}}: text, json_object or json_schema (gateway.structured)
     metadata: dict[str, str] | None = None
     user: str | None = None  # an end-user id, echoed; it changes no output (OpenAI uses it for abuse monitoring)
     stream: bool = False
@@ -56,7 +57,7 @@ class ResponseCreateRequest(RequestBody):
                 "tools": self.tools or [], "tool_choice": self.tool_choice,
                 "parallel_tool_calls": self.parallel_tool_calls, "max_output_tokens": self.max_output_tokens,
                 "temperature": sampling["temperature"], "top_p": sampling["top_p"], "metadata": self.metadata or {},
-                "user": self.user, "store": self.store, "text": {"format": {"type": "text"}},
+                "user": self.user, "store": self.store, "text": self.text or {"format": {"type": "text"}},
                 "truncation": "disabled", "reasoning": None, "background": False}
 
 

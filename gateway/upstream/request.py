@@ -5,12 +5,14 @@ own chat template and tokenizer; a raw prompt (text completions) goes as its tex
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+from engine.grammar_spec import GrammarSpec
 from engine.sampling import SamplingParams
 from engine.tokenizer import Tokenizer
 from gateway.session_store import StoreKey
@@ -68,7 +70,22 @@ def sampling_fields(params: SamplingParams) -> dict[str, Any]:
         fields["stop"] = list(params.stop)
     if params.ignore_eos:
         fields["ignore_eos"] = True
+    if params.grammar is not None:
+        fields.update(grammar_fields(params.grammar))
     return fields
+
+
+def grammar_fields(grammar: GrammarSpec) -> dict[str, Any]:
+    """A structured output as an upstream takes it: OpenAI's `response_format` for JSON (vLLM, SGLang and
+    llama.cpp's server all read it), vLLM's `structured_outputs` for a Lark grammar or a regex (forced tool calls;
+    the Lark grammar uses llguidance's `%json`, so the upstream vLLM must run its llguidance backend)."""
+    if grammar.kind == "json_object":
+        return {"response_format": {"type": "json_object"}}
+    if grammar.kind == "json_schema":
+        schema = json.loads(grammar.source)
+        schema.pop("x-guidance", None)  # our compile options, not part of the schema
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}}
+    return {"structured_outputs": {"grammar" if grammar.kind == "lark" else "regex": grammar.source}}
 
 
 def build_request(model: str, turn: SessionTurn | None, prompt: Sequence[int], params: SamplingParams,
