@@ -11,9 +11,9 @@ from typing import Any
 
 from agents_eval.report import Table, machine_info, markdown_document
 
-SEED_CONFIGS = ("seed-baseline", "seed-distserve", "seed-agent")
 SIM_DURATION_S = 90.0  # seconds of session arrivals of a simulated run
 SIM_WARMUP_S = 30.0  # requests arriving before this are not judged
+SWING_DURATION_S, SWING_WARMUP_S = 600.0, 60.0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("simulate", help="cluster simulator: the project's policies on simulated nodes")
     p.add_argument("--out", type=Path, required=True, help="directory for report.json, report.md and plots")
-    p.add_argument("--cluster", default="seed-agent", help="a cluster of configs/sim.yaml (single run)")
+    p.add_argument("--cluster", default="moe27b-agent", help="a cluster of configs/sim.yaml (single run)")
     p.add_argument("--workload", default="swe", choices=["swe", "webarena", "sharegpt"])
     p.add_argument("--rate", type=float, default=1.0, help="sessions started per second (single run)")
     p.add_argument("--duration", type=float,
@@ -29,12 +29,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=float, help="requests arriving before this are not judged (30; --agent-table: 10)")
     p.add_argument("--seed", type=int, default=0)
     what = p.add_mutually_exclusive_group()
-    what.add_argument("--table", action="store_true", help="the seed's table: three configurations at the SLO")
+    what.add_argument("--table", action="store_true", help="the 27B-MoE deployment's three configurations at the SLO")
     what.add_argument("--placement", type=int, metavar="GPUS", help="DistServe's placement search on GPUS GPUs")
     what.add_argument("--distserve", action="store_true",
                       help="DistServe's chatbot setting (13B, A100s, ShareGPT lengths): goodput per GPU")
     what.add_argument("--scale", action="store_true", help="one simulated hour of the 48-node cluster (scale-48)")
     what.add_argument("--validate", action="store_true", help="predicted against measured real CPU runs")
+    what.add_argument("--swing", action="store_true",
+                      help="a think/act swing of --duration s (600) on --swing-cluster: the controller against every "
+                           "fixed split, the planned oracle and the split sized for the average")
     what.add_argument("--agent-table", action="store_true",
                       help="the agent benchmark's three configurations on calibrated workers of a core each "
                            "(--calibration; --workload swe or webarena)")
@@ -44,12 +47,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, help="real runs of each deployment and rate, in turn (--validate; default 2)")
     p.add_argument("--start-rate", type=float, default=1.0, help="first sessions/s of the rate search")
     p.add_argument("--search-steps", type=int, default=3, help="bisections of the rate search after doubling")
-    p.add_argument("--placement-cluster", default="seed-distserve",
+    p.add_argument("--placement-cluster", default="moe27b-distserve",
                    help="the cluster whose devices, routing and controller the placement search places (--placement;"
-                        " seed-agent: with the capacity controller moving workers through the swe workload's "
+                        " moe27b-agent: with the capacity controller moving workers through the swe workload's "
                         "think/act swings)")
     p.add_argument("--tensor-parallel", type=int, nargs="+", default=[1, 2, 4, 8],
                    help="tensor-parallel degrees the placement search tries per phase (--placement)")
+    p.add_argument("--swing-cluster", default="moe27b-swing", help="the deployment of the swing (--swing)")
+    p.add_argument("--capacity-rate", type=float, default=None,
+                   help="sessions/s the swing's deployment serves at the SLO (--swing; default: configs/sim.yaml's)")
+    p.add_argument("--jobs", type=int, default=2, help="configurations simulated at once, a process each (--swing)")
     p.add_argument("--hours", type=float, default=1.0, help="simulated hours of session arrivals (--scale)")
     p.set_defaults(run=run)
     add_profile(sub.add_parser("profile", help="record the real engine's step times; write a calibration file"))
@@ -63,6 +70,9 @@ def run(args: argparse.Namespace) -> None:
 
         args.warmup = AgentLoad.warmup_s if args.warmup is None else args.warmup
         args.duration = AgentLoad.duration_s if args.duration is None else args.duration
+    if args.swing:  # its own defaults: a 10-minute swing, its first minute not judged
+        args.duration = SWING_DURATION_S if args.duration is None else args.duration
+        args.warmup = SWING_WARMUP_S if args.warmup is None else args.warmup
     if args.warmup is None:
         args.warmup = SIM_WARMUP_S
     if args.duration is None and not args.validate:  # --validate has a default of its own
@@ -82,6 +92,8 @@ def run(args: argparse.Namespace) -> None:
         data, tables = reports.placement(args)
     elif args.distserve:
         data, tables = reports.distserve(args)
+    elif args.swing:
+        data, tables = reports.swing(args)
     elif args.scale:
         data, tables = reports.scale(args)
     else:

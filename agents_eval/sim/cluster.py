@@ -64,7 +64,7 @@ def build_cluster(env: simpy.Environment, config: ClusterConfig) -> Cluster:
             role = PREFILL if pool.role == PREFILL else DECODE  # a colocated worker decodes and prefills locally
             scheduler = _scheduler(config, shape, device, pool, hashes)
             workers.append(SimWorker(env, worker_id, role, scheduler, timer, Gpus(pool.device, pool.tensor_parallel),
-                                     tokens, log, host))
+                                     tokens, log, host, config.role_switch_s))
             link = Link(config.node_link_bandwidth / per_node, transport.efficiency, transport.latency_s)
             links[worker_id] = (link, simpy.Resource(env, capacity=1))
     # a request's trip to its worker process (and its first token's back)

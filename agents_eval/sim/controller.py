@@ -5,14 +5,16 @@ the worker's current step; its requests stay)."""
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import simpy
 
+from agents_eval.sim.cluster import Cluster
 from agents_eval.sim.gateway import Gateway
-from agents_eval.sim.records import RoleChange
-from engine.capacity.policy import CapacityPolicy
+from agents_eval.sim.records import Decided, RoleChange
+from engine.capacity.policy import CapacityPolicy, Decision
+from engine.capacity.settings import CapacitySettings
 from engine.capacity.signals import DECODE, PREFILL, LoadSnapshot, role_figures
 from engine.stats import mean_line
 
@@ -37,6 +39,7 @@ def control(gateway: Gateway, policy: CapacityPolicy) -> Generator[simpy.Event, 
     cluster = gateway.cluster
     while True:
         decision = policy.decide(snapshot(gateway))
+        _note(cluster, decision)
         for move in decision.moves:
             cluster.by_id(move.worker_id).set_role(move.role)
             cluster.log.role_changes.append(RoleChange(cluster.env.now, move.worker_id, move.role))
@@ -44,3 +47,23 @@ def control(gateway: Gateway, policy: CapacityPolicy) -> Generator[simpy.Event, 
             prefill = sum(w.role == PREFILL for w in cluster.workers)
             cluster.log.splits.append((cluster.env.now, prefill, len(cluster.workers) - prefill))
         yield cluster.env.timeout(gateway.settings.interval_s)
+
+
+def _note(cluster: Cluster, decision: Decision) -> None:
+    prefill = sum(w.role == PREFILL for w in cluster.workers)
+    cluster.log.decisions.append(Decided(cluster.env.now, decision.demand.prefill, decision.demand.decode, prefill,
+                                         decision.prefill, "held:" in decision.reason))
+
+
+class PlannedSplit(CapacityPolicy):
+    """A controller that knows the schedule: at every tick it pins the split `split_at(now)` gives (prefill and
+    decode workers). No real controller can know the schedule; what it serves is the most a swing rewards moving
+    workers at all."""
+
+    def __init__(self, settings: CapacitySettings, split_at: Callable[[float], tuple[int, int]]) -> None:
+        super().__init__(settings)
+        self.split_at = split_at
+
+    def decide(self, snapshot: LoadSnapshot) -> Decision:
+        self.pin(*self.split_at(snapshot.now))
+        return super().decide(snapshot)

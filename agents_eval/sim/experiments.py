@@ -1,5 +1,5 @@
 """What the simulator answers: throughput at the SLO (the highest load with 90% of requests meeting the TTFT
-and TPOT targets), the seed's table, DistServe's placement search, the scale run."""
+and TPOT targets), the 27B-MoE deployment's table, DistServe's placement search, the scale run."""
 
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ from agents_eval.sim.run import Summary, Window, simulate
 from agents_eval.sim.workload import draw_sessions
 
 ATTAINMENT_GOAL = 0.9
-# The seed's table (its README): throughput at the SLO, P99 latency, cost per 1k tokens.
-SEED_TABLE = {"seed-baseline": (12.4, 0.850, 0.043), "seed-distserve": (38.7, 0.210, 0.027),
-              "seed-agent": (52.1, 0.185, 0.019)}
+MOE27B_CONFIGS = ("moe27b-colocated", "moe27b-distserve", "moe27b-agent")  # the table of `simulate --table`
+# The figures the seed (the project's first design card) quoted for the 27B-MoE deployment's three configurations:
+# throughput at the SLO, P99 latency, cost per 1k tokens. Quoted beside the simulated ones, not run for run.
+QUOTED_TABLE = {"moe27b-colocated": (12.4, 0.850, 0.043), "moe27b-distserve": (38.7, 0.210, 0.027),
+              "moe27b-agent": (52.1, 0.185, 0.019)}
 
 
 @dataclass(frozen=True)
@@ -75,23 +77,23 @@ def _bracket(probe: Callable[[float], bool], start: float) -> tuple[float, float
     return 0.0, high
 
 
-def seed_table(configs: list[ClusterConfig], load: Load, start_rate: float, steps: int = 3) -> list[dict[str, Any]]:
+def slo_table(configs: list[ClusterConfig], load: Load, start_rate: float, steps: int = 3) -> list[dict[str, Any]]:
     rows = []
     for config in configs:
         best, points = rate_at_slo(functools.partial(load.run, config), start_rate, steps)
-        seed = SEED_TABLE.get(config.name)
+        quoted = QUOTED_TABLE.get(config.name)
         rows.append({"configuration": config.name, "gpus": sum(p.gpus for p in config.pools),
                      "at_slo": best.as_dict() if best else None, "points": [p.as_dict() for p in points],
-                     "seed": dict(zip(("throughput_rps", "p99_s", "cost_per_1k_tokens"), seed, strict=True))
-                     if seed else None})
+                     "quoted": dict(zip(("throughput_rps", "p99_s", "cost_per_1k_tokens"), quoted, strict=True))
+                     if quoted else None})
     return rows
 
 
 def placements(base: ClusterConfig, gpus: int, tensor_parallel: tuple[int, ...] = (1, 2, 4, 8)) -> list[ClusterConfig]:
     """DistServe's search space on `gpus` GPUs: every split of whole nodes between prefill (the base's prefill
-    device, the seed's A800) and decode (its decode device, H100), each phase at each tensor-parallel degree of
-    its own; routing and engine as the base configures them. Nodes, not workers, are split: a node holds one
-    kind of GPU, and its workers share its link."""
+    device, A800 in the 27B-MoE deployment) and decode (its decode device, H100), each phase at each
+    tensor-parallel degree of its own; routing and engine as the base configures them. Nodes, not workers, are
+    split: a node holds one kind of GPU, and its workers share its link."""
     devices = {pool.role: pool.device for pool in base.pools}
     per_node = base.pools[0].gpus_per_node
     nodes, configs = gpus // per_node, []

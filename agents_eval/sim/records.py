@@ -43,9 +43,23 @@ class RoleChange:
     role: str
 
 
+@dataclass(frozen=True)
+class Decided:
+    """One controller tick: the demand it read (workers each role keeps busy), the split then and its target."""
+
+    at_s: float
+    prefill_demand: float
+    decode_demand: float
+    prefill: int  # prefill workers at the tick
+    target: int  # prefill workers the policy asked for
+    held: bool  # the move was held back (hold_s)
+
+
 @dataclass
 class RunLog:
     requests: list[RequestRecord] = field(default_factory=list)
-    role_changes: list[RoleChange] = field(default_factory=list)
+    role_changes: list[RoleChange] = field(default_factory=list)  # the controller's moves, when decided
+    roles_applied: list[RoleChange] = field(default_factory=list)  # a moved worker serving in its new role
+    decisions: list[Decided] = field(default_factory=list)
     splits: list[tuple[float, int, int]] = field(default_factory=list)  # (at, prefill workers, decode workers)
     steps: int = 0

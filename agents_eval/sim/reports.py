@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import time
 from dataclasses import asdict
 from typing import Any
 
 from agents_eval.report import Table
-from agents_eval.sim.config import cluster_config
-from agents_eval.sim.experiments import Load, placement_search, placements, scale_run, seed_table
+from agents_eval.sim.config import cluster_config, load_sim_config
+from agents_eval.sim.experiments import MOE27B_CONFIGS, Load, placement_search, placements, scale_run, slo_table
 from agents_eval.sim.plots import attainment_plot, role_timeline
 from agents_eval.sim.run import Window, simulate
 from agents_eval.sim.workload import draw_sessions
@@ -24,6 +25,11 @@ DISTSERVE_CLUSTERS = ("distserve13b-colocated", "distserve13b-disaggregated")
 # setting (its Figure 8a) was not found to cite.
 DISTSERVE_MEASURED = {"distserve (3 GPUs)": {1.0: 0.983, 1.5: 0.973, 2.0: 0.658, 2.5: 0.339},
                       "vllm (1 GPU)": {1.0: 0.86, 1.5: 0.847, 2.0: 0.665, 2.5: 0.78, 3.0: 0.34}}
+
+
+def swing_capacity_rate() -> float:
+    """Sessions/s the swing's deployment serves at the SLO (configs/sim.yaml `swing.capacity_rate`)."""
+    return float(load_sim_config()["swing"]["capacity_rate"])
 
 
 def _load(args: argparse.Namespace) -> Load:
@@ -45,23 +51,22 @@ def single(args: argparse.Namespace) -> Report:
 
 def table(args: argparse.Namespace) -> Report:
     args.out.mkdir(parents=True, exist_ok=True)
-    from agents_eval.sim.cli import SEED_CONFIGS
-
-    rows = seed_table([cluster_config(name) for name in SEED_CONFIGS], _load(args), args.start_rate, args.search_steps)
+    rows = slo_table([cluster_config(name) for name in MOE27B_CONFIGS], _load(args), args.start_rate, args.search_steps)
     attainment_plot({row["configuration"]: [(p["throughput_rps"], p["attainment"]) for p in row["points"]]
                      for row in rows}, args.out / "attainment.png")
-    headers = ["configuration", "GPUs", "req/s at SLO (seed)", "P99 TTFT ms (seed P99)", "$ per 1k tokens (seed)"]
+    headers = ["configuration", "GPUs", "req/s at SLO (quoted)", "P99 TTFT ms (quoted P99)", "$ per 1k tokens (quoted)"]
     cells = []
     for row in rows:
-        best, seed = row["at_slo"] or {}, row["seed"] or {}
+        best, quoted = row["at_slo"] or {}, row["quoted"] or {}
         cells.append([row["configuration"], str(row["gpus"]),
-                      f"{best.get('throughput_rps', 0):.1f} ({seed.get('throughput_rps', '-')})",
-                      f"{1000 * best.get('ttft_p99_s', 0):.0f} ({1000 * seed.get('p99_s', 0):.0f})",
-                      f"{best.get('cost_per_1k_tokens', 0):.4f} ({seed.get('cost_per_1k_tokens', '-')})"])
+                      f"{best.get('throughput_rps', 0):.1f} ({quoted.get('throughput_rps', '-')})",
+                      f"{1000 * best.get('ttft_p99_s', 0):.0f} ({1000 * quoted.get('p99_s', 0):.0f})",
+                      f"{best.get('cost_per_1k_tokens', 0):.4f} ({quoted.get('cost_per_1k_tokens', '-')})"])
     notes = ["Throughput at the SLO: the highest load at which 90% of requests meet both the TTFT and TPOT "
              "targets of the run's SLO class; P99 is the TTFT at that load; cost counts the cluster's GPU-hour "
-             "prices (configs/devices) over output tokens. Seed figures in parentheses."]
-    return {"table": rows, "load": asdict(_load(args)), "notes": notes}, [Table("The seed's table", headers, cells)]
+             "prices (configs/devices) over output tokens. The seed's quoted figures in parentheses."]
+    table_ = Table("The 27B-MoE deployment at the SLO", headers, cells)
+    return {"table": rows, "load": asdict(_load(args)), "notes": notes}, [table_]
 
 
 def agent_table(args: argparse.Namespace) -> Report:
@@ -88,9 +93,9 @@ def distserve(args: argparse.Namespace) -> Report:
     args.out.mkdir(parents=True, exist_ok=True)
     load = Load("sharegpt", args.warmup, args.duration, args.seed)
     configs = [cluster_config(name) for name in DISTSERVE_CLUSTERS]
-    rows = seed_table(configs, load, args.start_rate, args.search_steps)
+    rows = slo_table(configs, load, args.start_rate, args.search_steps)
     for row in rows:
-        row.pop("seed")
+        row.pop("quoted")
         row["goodput_rps"] = row["at_slo"]["throughput_rps"] if row["at_slo"] else 0.0
         row["goodput_per_gpu"] = row["goodput_rps"] / row["gpus"]
     colocated, disaggregated = rows
@@ -148,6 +153,35 @@ def scale(args: argparse.Namespace) -> Report:
     keys = ["nodes", "requests", "simulated s", "wall s", "CPU s (this process)", "attainment", "P99 TTFT s"]
     rows = [[key, *cell] for key, cell in zip(keys, cells, strict=True)]
     return {"scale": result}, [Table("Scale run", ["figure", "value"], rows)]
+
+
+def swing(args: argparse.Namespace) -> Report:
+    from agents_eval.sim import swing as sw
+    from agents_eval.sim import swing_report as sr
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    base = cluster_config(args.swing_cluster)
+    load = sw.SwingLoad(sw.SwingPlan.drawn(args.seed, args.duration), args.capacity_rate or swing_capacity_rate(),
+                        args.workload, args.warmup, args.seed)
+    started = time.monotonic()
+    runs = sw.run_all(base, load, args.jobs)
+    workers = sw.base_workers(base)
+    static_prefill = sw.static_split(runs["controller"], workers)
+    static = f"fixed {static_prefill}P/{workers - static_prefill}D"
+    shift_rows = sr.shifts(runs["controller"], load.plan, args.warmup, workers)
+    move_rows = sr.moves(runs["controller"], load.plan)
+    rows = sr.configurations(runs, static)
+    goal_rows = sr.goals(shift_rows, move_rows, rows, static)
+    role_timeline(runs["controller"].splits, load.plan.schedule(), load.plan.duration_s, args.out / "swing.png")
+    data = {"cluster": base.model_dump(), "load": {"capacity_rate": load.capacity_rate, "workload": load.workload,
+                                                   "warmup_s": load.warmup_s, "sessions": len(load.sessions()),
+                                                   "windows": load.plan.schedule()},
+            "shifts": shift_rows, "moves_per_window": move_rows, "configurations": rows, "static": static,
+            "planned": sw.best_split_per_window([runs[n] for n in rows if n.startswith("fixed")]),
+            "goals": goal_rows, "wall_s": time.monotonic() - started,
+            "summary": {g["name"]: g["met"] for g in goal_rows},
+            "notes": [sr.NOTE]}
+    return data, sr.tables(shift_rows, move_rows, rows, goal_rows)
 
 
 def _summary_table(rows: list[tuple[str, dict[str, Any]]]) -> tuple[list[str], list[list[str]]]:

@@ -15,7 +15,7 @@ from typing import Any
 import simpy
 
 from agents_eval.sim.cost import StepTimer, StepWork
-from agents_eval.sim.records import RequestRecord, RunLog
+from agents_eval.sim.records import RequestRecord, RoleChange, RunLog
 from agents_eval.sim.tokens import SimSequence, TokenIds
 from engine.block_manager import HeldBlocks
 from engine.capacity.signals import WorkerLoad
@@ -43,8 +43,10 @@ class Gpus:
 
 class SimWorker:
     def __init__(self, env: simpy.Environment, worker_id: int, role: str, scheduler: Scheduler,
-                 timer: StepTimer, gpus: Gpus, tokens: TokenIds, log: RunLog, host: Host | None = None) -> None:
-        self.env, self.worker_id, self.role = env, worker_id, role
+                 timer: StepTimer, gpus: Gpus, tokens: TokenIds, log: RunLog, host: Host | None = None,
+                 switch_s: float = 0.0) -> None:
+        self.env, self.worker_id, self.role, self.switch_s = env, worker_id, role, switch_s
+        self._switching = False  # a role change waits for the current step, then takes switch_s
         self.host = host or Host()
         self.scheduler, self.timer, self.gpus, self.tokens, self.log = scheduler, timer, gpus, tokens, log
         self.last_switch_at: float | None = None
@@ -92,7 +94,16 @@ class SimWorker:
         self.notify()
 
     def set_role(self, role: str) -> None:
-        self.role, self.last_switch_at, self._load = role, self.env.now, None
+        """New work is routed by the new role at once; the worker serves in it after its current step and
+        `switch_s` (its KV receivers opened), as the coordinator's `set_role` and the worker's `RoleChanged`."""
+        self.role, self.last_switch_at, self._load, self._switching = role, self.env.now, None, True
+        self.notify()
+
+    def _switch(self) -> Generator[simpy.Event, Any, None]:
+        self._switching = False
+        if self.switch_s:
+            yield self.env.timeout(self.switch_s)
+        self.log.roles_applied.append(RoleChange(self.env.now, self.worker_id, self.role))
 
     def load(self) -> WorkerLoad:
         if self._load is None:
@@ -115,6 +126,8 @@ class SimWorker:
 
     def _run(self) -> Generator[simpy.Event, Any, None]:  # a simpy process
         while True:
+            if self._switching:
+                yield from self._switch()
             batch = self.scheduler.schedule(self.env.now) if self.scheduler.has_unfinished() else ScheduledBatch()
             self._load = None
             if not batch.seqs:

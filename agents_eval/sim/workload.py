@@ -7,7 +7,9 @@ shape (`agents_eval.workloads.sharegpt`, DistServe's chatbot requests) exists on
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from agents_eval.workloads.arrivals import poisson_starts
 from agents_eval.workloads.sharegpt import ShareGptShape
@@ -18,6 +20,12 @@ from agents_eval.workloads.types import APPEND, Workload
 from agents_eval.workloads.webarena import WebArenaShape
 
 SHAPES: dict[str, SessionShape] = {"swe": SweShape(), "webarena": WebArenaShape(), "sharegpt": ShareGptShape()}
+
+
+class PhaseDraw(Protocol):
+    """What decides a turn's phase from its planned arrival: a `Swing`, or the swing run's plan (`sim.swing`)."""
+
+    def draw(self, rng: random.Random, at_s: float) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -47,13 +55,20 @@ def draw_sessions(name: str, *, seed: int, rate: float, duration_s: float, lengt
                   swing: Swing | None = None, max_context: int | None = None) -> list[SimSession]:
     """Sessions of shape `name` starting at `rate` per second for `duration_s`; a session stops before the turn
     whose prompt would pass `max_context` tokens."""
-    shape, swing = SHAPES[name], swing or Swing()
     starts = poisson_starts(random.Random(seed), rate, duration_s, None)
+    return sessions_at(name, starts, seed=seed, length_scale=length_scale, swing=swing or Swing(),
+                       max_context=max_context)
+
+
+def sessions_at(name: str, starts: Sequence[float], *, seed: int, swing: PhaseDraw, length_scale: float = 1.0,
+                max_context: int | None = None) -> list[SimSession]:
+    """Sessions of shape `name` starting at `starts`, each turn's phase drawn by `swing`."""
+    shape = SHAPES[name]
     return [_session(shape, seed, index, start, length_scale, swing, max_context)
             for index, start in enumerate(starts)]
 
 
-def _session(shape: SessionShape, seed: int, index: int, start: float, length_scale: float, swing: Swing,
+def _session(shape: SessionShape, seed: int, index: int, start: float, length_scale: float, swing: PhaseDraw,
              max_context: int | None) -> SimSession:
     rng = random.Random(f"{seed}:{shape.name}:{index}")
     system = shape.system_tokens(length_scale)

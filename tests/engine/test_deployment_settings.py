@@ -20,8 +20,8 @@ def test_each_shipped_deployment_loads(path: Path, monkeypatch: pytest.MonkeyPat
     assert deployment.prefill + deployment.decode > 0
 
 
-def test_the_seed_deployment_is_the_seeds_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("AGENTSERVE_DEPLOYMENT_CONFIG", str(DEPLOYMENTS[0].with_name("seed.yaml")))
+def test_the_moe27b_deployment_is_its_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTSERVE_DEPLOYMENT_CONFIG", str(DEPLOYMENTS[0].with_name("moe27b-a800p-h100d.yaml")))
     seed = DeploymentSettings()
     assert (seed.prefill, seed.decode, seed.placement, seed.transport) == (32, 128, "ray", "rdma")
     assert seed.ray.accelerator_types == {"prefill": "A800", "decode": "H100"}

@@ -8,24 +8,26 @@ overloads the cores, where each worker's measured rates depend on how many other
 simulator answers the question the benchmark asks, how the controller follows a swing where each worker has
 its own compute, and labels it simulated.
 
-What differs from the real run: a move takes effect at once (the real worker finishes its step first, 1-4 ms
-measured); the controller decides every `interval_s` (the real one also decides at once when the admitted work
-changes, so the simulated latencies are up to one interval longer); the think/act classifier's shift events are
-not simulated (only the admitted demand moves workers)."""
+What differs from the real run: a moved worker serves in its new role after its current step (the real one also
+confirms over its pipe, 1-4 ms measured); the controller decides every `interval_s` (the real one also decides at
+once when the admitted work changes, so the simulated latencies are up to one interval longer); the think/act
+classifier's shift events are not simulated (only the admitted demand moves workers)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from agents_eval.bench.capacity.swing import RunResult, SwingWorkload, note_window
 from agents_eval.sim.config import ClusterConfig, Pool
+from agents_eval.sim.controller import PlannedSplit
+from agents_eval.sim.records import RunLog
 from agents_eval.sim.run import simulate
 from agents_eval.sim.validate import engine_knobs
 from agents_eval.sim.workload import SimSession, SimTurn
 from agents_eval.workloads.types import APPEND
-from engine.capacity.policy import CapacityPolicy, Decision
 from engine.capacity.settings import CapacitySettings
-from engine.capacity.signals import LoadSnapshot
 
 
 def swing_sessions(workload: SwingWorkload) -> list[SimSession]:
@@ -49,21 +51,6 @@ def swing_cluster(model: str, split: tuple[int, int], capacity: CapacitySettings
                          controller=capacity.enabled, worker_processes=True)
 
 
-class PlannedSplit(CapacityPolicy):
-    """A controller that knows the swing's schedule: at each window's start it pins the split the window's phase
-    is given (`think` and `act`: prefill and decode workers). No real controller can know the schedule; what
-    it serves is the most the swing rewards moving workers at all."""
-
-    def __init__(self, settings: CapacitySettings, workload: SwingWorkload, think: tuple[int, int],
-                 act: tuple[int, int]) -> None:
-        super().__init__(settings)
-        self.workload, self.splits = workload, {"think": think, "act": act}
-
-    def decide(self, snapshot: LoadSnapshot) -> Decision:
-        self.pin(*self.splits[self.workload.window_phase(snapshot.now)])
-        return super().decide(snapshot)
-
-
 def simulate_swing(model: str, workload: SwingWorkload, split: tuple[int, int], capacity: CapacitySettings,
                    calibration: Path, plan: tuple[tuple[int, int], tuple[int, int]] | None = None) -> RunResult:
     """One swing through the simulator, recorded as the real run records it: TTFT from the planned arrival,
@@ -72,7 +59,7 @@ def simulate_swing(model: str, workload: SwingWorkload, split: tuple[int, int], 
     if plan is not None:
         capacity = capacity.model_copy(update={"enabled": True})
     config = swing_cluster(model, split, capacity, calibration)
-    policy = None if plan is None else PlannedSplit(capacity, workload, *plan)
+    policy = None if plan is None else PlannedSplit(capacity, _by_phase(workload, *plan))
     cluster, _ = simulate(config, swing_sessions(workload), policy=policy)
     requests = cluster.log.requests
     result = RunResult(requests=len(requests), finished=len(requests))
@@ -80,11 +67,22 @@ def simulate_swing(model: str, workload: SwingWorkload, split: tuple[int, int], 
     result.tpot_s = [r.tpot_s for r in requests if r.tokens > 1]
     for at, _ in workload.arrivals():
         note_window(result, workload, at)
-    for change in cluster.log.role_changes:
-        move = {"at": change.at_s, "worker_id": change.worker_id, "role": change.role}
-        result.events += [{**move, "kind": "move"}, {**move, "kind": "role_applied"}]
+    result.events = move_events(cluster.log)
     result.timeline = _steps(cluster.log.splits, workload)
     return result
+
+
+def _by_phase(workload: SwingWorkload, think: tuple[int, int], act: tuple[int, int]
+              ) -> Callable[[float], tuple[int, int]]:
+    """The split the swing's schedule gives each moment: `think` in think windows, `act` in act windows."""
+    return lambda now: think if workload.window_phase(now) == "think" else act
+
+
+def move_events(log: RunLog) -> list[dict[str, Any]]:
+    """The controller's moves and the moved workers serving in their new roles, as the real run's events."""
+    return [{"at": change.at_s, "worker_id": change.worker_id, "role": change.role, "kind": kind}
+            for kind, changes in (("move", log.role_changes), ("role_applied", log.roles_applied))
+            for change in changes]
 
 
 def _steps(splits: list[tuple[float, int, int]], workload: SwingWorkload) -> list[tuple[float, int, float]]:

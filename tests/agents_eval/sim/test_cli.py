@@ -11,20 +11,20 @@ from gateway.cli import main
 
 
 def test_simulate_writes_report_and_plot(tmp_path: Path) -> None:
-    main(["simulate", "--cluster", "seed-agent", "--rate", "0.2", "--duration", "10", "--warmup", "0",
+    main(["simulate", "--cluster", "moe27b-agent", "--rate", "0.2", "--duration", "10", "--warmup", "0",
           "--out", str(tmp_path)])
     report = json.loads((tmp_path / "report.json").read_text())
     summary = report["summary"]
     assert summary["requests"] > 0 and 0 <= summary["attainment"] <= 1 and summary["ttft_p50_s"] > 0
-    assert report["cluster"]["name"] == "seed-agent" and (tmp_path / "roles.png").stat().st_size > 0
-    assert "seed-agent" in (tmp_path / "report.md").read_text()
+    assert report["cluster"]["name"] == "moe27b-agent" and (tmp_path / "roles.png").stat().st_size > 0
+    assert "moe27b-agent" in (tmp_path / "report.md").read_text()
 
 
 def test_the_placement_search_places_the_named_cluster_with_its_controller(tmp_path: Path) -> None:
-    main(["simulate", "--placement", "16", "--placement-cluster", "seed-agent", "--tensor-parallel", "8",
+    main(["simulate", "--placement", "16", "--placement-cluster", "moe27b-agent", "--tensor-parallel", "8",
           "--duration", "20", "--warmup", "0", "--start-rate", "1", "--search-steps", "0", "--out", str(tmp_path)])
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["base"] == "seed-agent" and [r["placement"] for r in report["placement"]] == [
+    assert report["base"] == "moe27b-agent" and [r["placement"] for r in report["placement"]] == [
         "1 a800 tp8 + 1 h100 tp8"]
     assert "capacity controller on" in report["notes"][0]
 

@@ -12,7 +12,7 @@ def _summary(rate: float, attainment: float) -> Summary:
 
 
 def test_placements_split_whole_nodes_between_the_base_devices() -> None:
-    configs = placements(cluster_config("seed-distserve"), 32, (4, 8))
+    configs = placements(cluster_config("moe27b-distserve"), 32, (4, 8))
     assert len(configs) == 2 * 2 * 3  # prefill tp x decode tp x (1, 2 or 3 prefill nodes of 4)
     for config in configs:
         prefill, decode = config.pools

@@ -140,7 +140,7 @@ def test_a_run_makes_no_reference_cycles() -> None:
     """simulate() pauses the cyclic collector; that is safe only while reference counting frees everything."""
     from agents_eval.sim.config import cluster_config
 
-    config, sessions = cluster_config("seed-agent"), draw_sessions("swe", seed=4, rate=0.5, duration_s=20)
+    config, sessions = cluster_config("moe27b-agent"), draw_sessions("swe", seed=4, rate=0.5, duration_s=20)
     simulate(config, sessions)  # first run: imports and module caches
     gc.collect()
     gc.disable()
@@ -154,7 +154,7 @@ def test_a_run_makes_no_reference_cycles() -> None:
 def test_same_seed_same_run_different_seed_different_run() -> None:
     from agents_eval.sim.config import cluster_config
 
-    config = cluster_config("seed-agent")
+    config = cluster_config("moe27b-agent")
     runs = [simulate(config, draw_sessions("swe", seed=seed, rate=0.3, duration_s=20))[1] for seed in (5, 5, 6)]
     assert asdict(runs[0]) == asdict(runs[1])
     assert asdict(runs[0]) != asdict(runs[2])
