@@ -171,11 +171,11 @@ def run_all(base: ClusterConfig, load: SwingLoad, jobs: int = 2) -> dict[str, Sw
 
 
 def best_split_per_window(fixed: list[SwingRun]) -> tuple[int, ...]:
-    """For each window, the prefill workers of the fixed split with the most goodput in it (ties: lower p99 TTFT).
-    `fixed` is ordered by prefill workers, from 1."""
+    """For each window, the prefill workers of the fixed split whose requests arriving in it met the SLO most
+    often (ties: the lower p99 TTFT). `fixed` is ordered by prefill workers, from 1."""
     best = []
     for index in range(len(fixed[0].windows)):
-        scores = [(run.windows[index]["goodput_rps"], -run.windows[index]["ttft_p99_s"]) for run in fixed]
+        scores = [(run.windows[index]["attainment"], -run.windows[index]["ttft_p99_s"]) for run in fixed]
         best.append(1 + max(range(len(fixed)), key=lambda k: scores[k]))
     return tuple(best)
 
