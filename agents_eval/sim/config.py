@@ -66,7 +66,7 @@ class ClusterConfig(Strict):
     # the calibrated engine runs as worker processes: a request pays the calibration's worker_hop_s before its
     # worker has it, and an idle worker its worker_idle_penalty (False: the in-process engine's figures)
     worker_processes: bool = False
-    role_switch_s: float = Field(default=0.0, ge=0)  # a moved worker's pause after its current step (KV receivers opened)
+    role_switch_s: float = Field(default=0.0, ge=0)  # a moved worker's pause after its step (KV receivers opened)
     slo_class: str = "interactive"  # configs/slo.yaml class whose TTFT and TPOT the run is judged by
     slo: SloClass | None = None  # targets to judge by instead of the class's (a paper's own SLOs)
 

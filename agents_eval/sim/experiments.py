@@ -16,6 +16,7 @@ from agents_eval.sim.workload import draw_sessions
 
 ATTAINMENT_GOAL = 0.9
 MOE27B_CONFIGS = ("moe27b-colocated", "moe27b-distserve", "moe27b-agent")  # the table of `simulate --table`
+MOE27B_ABLATIONS = ("moe27b-colocated-nocache", "moe27b-distserve-nocache")  # labelled ablation steps beside it
 # The figures the seed (the project's first design card) quoted for the 27B-MoE deployment's three configurations:
 # throughput at the SLO, P99 latency, cost per 1k tokens. Quoted beside the simulated ones, not run for run.
 QUOTED_TABLE = {"moe27b-colocated": (12.4, 0.850, 0.043), "moe27b-distserve": (38.7, 0.210, 0.027),

@@ -40,6 +40,7 @@ class Gateway:
     settings: CapacitySettings
     forecaster: Any = None  # predictor.forecast.LoadForecaster, when the config asks for it
     homes: dict[str, Home] = field(default_factory=dict)
+    prefill_homes: dict[str, Home] = field(default_factory=dict)  # the prefill worker of a session's last turn
     live: set[RequestRecord] = field(default_factory=set)
     prefills: RoutedPrefills = field(default_factory=RoutedPrefills)  # the coordinator's account, kept the same way
     _ids: itertools.count = field(default_factory=itertools.count)
@@ -80,9 +81,7 @@ class Gateway:
     def serve(self, session_id: str, prompt: list[int], output_tokens: int, gap_s: float = 0.0,
               phase: str = "think") -> RequestRecord:
         env, config = self.cluster.env, self.cluster.config
-        home = self.homes.get(session_id)
-        cached = {home.worker_id: home.tokens - home.tokens % config.engine.block_size} if home else {}
-        turn = Turn(len(prompt), session_id, cached)
+        turn = Turn(len(prompt), session_id, self._cached(session_id))
         placement = place(turn, [w.load() for w in self.cluster.workers], self.settings, config.engine.block_size)
         record = RequestRecord(f"req-{next(self._ids)}", session_id, env.now, len(prompt), output_tokens,
                                turn.uncached_on(placement.decode_worker), env.event(), placement.decode_worker,
@@ -101,6 +100,19 @@ class Gateway:
         self.live.add(record)
         record.done.callbacks.append(lambda _: self._finished(record))
         return record
+
+    def _cached(self, session_id: str) -> dict[int, int]:
+        """Leading tokens of the session's history each worker holds: its decode home's, and (prefix caching on)
+        the prefill worker's that computed its last remote prefill."""
+        engine, cached = self.cluster.config.engine, dict[int, int]()
+        homes = [self.homes.get(session_id)]
+        if engine.prefix_caching:
+            homes.append(self.prefill_homes.get(session_id))
+        for home in homes:
+            if home is not None:
+                held = home.tokens - home.tokens % engine.block_size
+                cached[home.worker_id] = max(cached.get(home.worker_id, 0), held)
+        return cached
 
     def _dispatch(self, worker: SimWorker, seq: SimSequence, record: RequestRecord) -> None:
         if not self.cluster.dispatch_s:
@@ -128,6 +140,8 @@ class Gateway:
         self.prefills.done(record.request_id)
         self.cluster.log.requests.append(record)
         self.homes[record.session_id] = Home(record.decode_worker, record.prompt_tokens + record.tokens)
+        if record.prefill_worker is not None:
+            self.prefill_homes[record.session_id] = Home(record.prefill_worker, record.prompt_tokens)
 
     def _hand_off(self, prefill: SimWorker, seq: SimSequence, record: RequestRecord, held: HeldBlocks) -> None:
         decode = self.cluster.by_id(record.decode_worker)

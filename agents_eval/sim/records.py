@@ -22,6 +22,7 @@ class RequestRecord:
     last_token_s: float | None = None
     tokens: int = 0
     kv_transfer_s: float = 0.0
+    computed_prompt_tokens: int = 0  # prompt tokens its workers computed (neither cached nor transferred)
     output_ids: list[int] = field(default_factory=list)  # the reply's tokens, for the session's next prompt
 
     @property

@@ -8,8 +8,9 @@ from dataclasses import asdict
 from typing import Any
 
 from agents_eval.report import Table
+from agents_eval.sim import experiments
 from agents_eval.sim.config import cluster_config, load_sim_config
-from agents_eval.sim.experiments import MOE27B_CONFIGS, Load, placement_search, placements, scale_run, slo_table
+from agents_eval.sim.experiments import Load, placement_search, placements, scale_run, slo_table
 from agents_eval.sim.plots import attainment_plot, role_timeline
 from agents_eval.sim.run import Window, simulate
 from agents_eval.sim.workload import draw_sessions
@@ -51,20 +52,28 @@ def single(args: argparse.Namespace) -> Report:
 
 def table(args: argparse.Namespace) -> Report:
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = slo_table([cluster_config(name) for name in MOE27B_CONFIGS], _load(args), args.start_rate, args.search_steps)
+    names = experiments.MOE27B_CONFIGS + experiments.MOE27B_ABLATIONS
+    rows = slo_table([cluster_config(name) for name in names], _load(args), args.start_rate, args.search_steps)
+    for row in rows:
+        row["ablation"] = row["configuration"] in experiments.MOE27B_ABLATIONS
     attainment_plot({row["configuration"]: [(p["throughput_rps"], p["attainment"]) for p in row["points"]]
                      for row in rows}, args.out / "attainment.png")
     headers = ["configuration", "GPUs", "req/s at SLO (quoted)", "P99 TTFT ms (quoted P99)", "$ per 1k tokens (quoted)"]
     cells = []
     for row in rows:
         best, quoted = row["at_slo"] or {}, row["quoted"] or {}
-        cells.append([row["configuration"], str(row["gpus"]),
+        label = f"ablation step: {row['configuration']}" if row["ablation"] else row["configuration"]
+        cells.append([label, str(row["gpus"]),
                       f"{best.get('throughput_rps', 0):.1f} ({quoted.get('throughput_rps', '-')})",
                       f"{1000 * best.get('ttft_p99_s', 0):.0f} ({1000 * quoted.get('p99_s', 0):.0f})",
                       f"{best.get('cost_per_1k_tokens', 0):.4f} ({quoted.get('cost_per_1k_tokens', '-')})"])
     notes = ["Throughput at the SLO: the highest load at which 90% of requests meet both the TTFT and TPOT "
              "targets of the run's SLO class; P99 is the TTFT at that load; cost counts the cluster's GPU-hour "
-             "prices (configs/devices) over output tokens. The seed's quoted figures in parentheses."]
+             "prices (configs/devices) over output tokens. The seed's quoted figures in parentheses.",
+             "moe27b-distserve keeps prefix caching on its prefill nodes and routes each turn to the prefill node "
+             "holding the session's history; moe27b-colocated has the prefix cache every engine has by default. "
+             "Ablation steps: the same deployments without a prefix cache (DistServe recomputing every turn's "
+             "whole history)."]
     table_ = Table("The 27B-MoE deployment at the SLO", headers, cells)
     return {"table": rows, "load": asdict(_load(args)), "notes": notes}, [table_]
 

@@ -25,8 +25,9 @@ NOTE = ("Simulated: the capacity controller (engine.capacity.policy), the KV-awa
         "(admission), `target moves` when the policy's target first moves a worker that way (smoothing: the demand "
         "margin; admitted work is not averaged over time), `move` when the move is made (hold: hold_s), `serving` "
         "when the moved worker serves in its new role (drain: its current step, then role_switch_s). planned: at "
-        "each window's start, the fixed split that met the SLO most often in that window (ties: lower p99 TTFT). static: the fixed split "
-        "closest to the controller's average demand. Goodput: requests meeting both SLO targets per second.")
+        "each window's start, the fixed split that met the SLO most often in that window (ties: lower p99 TTFT). "
+        "static: the fixed split closest to the controller's average demand. Goodput: requests meeting both SLO "
+        "targets per second.")
 
 
 def shifts(run: SwingRun, plan: SwingPlan, warmup_s: float, workers: int) -> list[dict[str, Any]]:

@@ -163,6 +163,10 @@ class SimWorker:
         self.busy_s += seconds
         self.log.steps += 1
         self.rates.observe(seconds, batch.prompt_tokens, batch.decode_streams)
+        for seq, new in zip(batch.seqs, batch.num_new_tokens, strict=True):
+            if seq.num_computed_tokens < seq.num_prompt_tokens:  # before update(): a prompt step
+                prompt_left = seq.num_prompt_tokens - seq.num_computed_tokens
+                self.records[seq.request_id].computed_prompt_tokens += min(new, prompt_left)
 
     def _token(self, seq: SimSequence) -> None:
         record, now = self.records[seq.request_id], self.env.now

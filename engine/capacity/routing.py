@@ -17,9 +17,10 @@ when nothing runs on that decode worker nor on any prefill worker: an idle deplo
 disaggregation to avoid, and the KV transfer would only add latency; or when the least-loaded prefill worker's
 queue would take longer than `remote_prefill_max_queue_s` to drain at its measured rate and the decode worker's
 own queue is shorter (Dynamo's `max_prefill_queue_size`, in seconds: prefill workers that fall behind would
-hold the turn longer than prefilling it where it decodes). Otherwise the least-loaded prefill worker
-computes the delta and streams it. With both thresholds 0 (DistServe) every turn is prefilled remotely, idle or
-not.
+hold the turn longer than prefilling it where it decodes). Otherwise the prefill worker of the lowest cost (as
+the decode worker's: `overlap_weight` x the prompt's blocks it does not hold + load; with the weight 0, the
+least loaded) computes the delta and streams it. With both thresholds 0 (DistServe) every turn is prefilled
+remotely, idle or not.
 """
 
 from __future__ import annotations
@@ -87,6 +88,18 @@ def choose_decode_worker(turn: Turn, workers: Sequence[WorkerLoad], settings: Ca
     return DecodeChoice(worker_id, uncached, blocks, cost)
 
 
+def choose_prefill_worker(turn: Turn, workers: Sequence[WorkerLoad], settings: CapacitySettings,
+                          block_size: int) -> WorkerLoad:
+    """The cheapest prefill worker: the prompt's blocks it would compute, weighted, plus its load (ties: lowest id).
+    A prefill worker holds a prefix where the caller's `turn.cached_tokens` says so (its last prefill of the
+    session, prefix caching on)."""
+    def cost(worker: WorkerLoad) -> tuple[float, int]:
+        blocks = blocks_to_move(turn.uncached_on(worker.worker_id), block_size)
+        return settings.overlap_weight * blocks + worker_load(worker, block_size), worker.worker_id
+
+    return min(workers, key=cost)
+
+
 def prefill_locally(uncached_tokens: int, prompt_tokens: int, settings: CapacitySettings) -> bool:
     """Dynamo's rule: a small uncached delta, in tokens or as a share of the prompt, is not worth a transfer."""
     if uncached_tokens < settings.local_prefill_max_tokens or prompt_tokens <= 0:
@@ -152,7 +165,7 @@ def place(turn: Turn, workers: Sequence[WorkerLoad], settings: CapacitySettings,
 
     if not prefillers:  # one would take it, unless the deployment is idle (the rule below)
         return local(f"local: no prefill worker; {delta}", not (conditional(settings) and idle(decoder)))
-    prefiller = min(prefillers, key=lambda w: (worker_load(w, block_size), w.worker_id))
+    prefiller = choose_prefill_worker(turn, prefillers, settings, block_size)
     if small and not sparing_pays(turn, decoder, prefiller, choice.uncached_tokens):
         return local(f"local: {delta}; prefill worker {prefiller.worker_id} would compute "
                      f"{turn.uncached_on(prefiller.worker_id)}, longer than the stall it spares")
