@@ -43,6 +43,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                            "(--calibration; --workload swe or webarena)")
     p.add_argument("--calibration", type=Path,
                    help="calibration file of `agentserve profile` (--validate, --agent-table)")
+    p.add_argument("--measured", type=Path, nargs="+", default=[],
+                   help="report.json files (or their directories) of `agentserve bench --workload swe|webarena` and "
+                        "`agentserve bench disagg`: their ratios against the simulator's (--validate)")
+    p.add_argument("--ratios-only", action="store_true", help="--validate: the ratio validation alone, no real runs")
     p.add_argument("--workers", type=int, default=2, help="one-thread workers of each configuration (--agent-table)")
     p.add_argument("--repeats", type=int, help="real runs of each deployment and rate, in turn (--validate; default 2)")
     p.add_argument("--start-rate", type=float, default=1.0, help="first sessions/s of the rate search")
@@ -78,12 +82,9 @@ def run(args: argparse.Namespace) -> None:
     if args.duration is None and not args.validate:  # --validate has a default of its own
         args.duration = SIM_DURATION_S
     if args.validate:
-        from agents_eval.sim.validate import validate
-
         if args.calibration is None:
             raise ValueError("--validate needs --calibration FILE (write one with `agentserve profile`)")
-        data = validate(args.calibration, args.seed, repeats=args.repeats, duration_s=args.duration)
-        tables = data.pop("tables")
+        data, tables = _validation(args)
     elif args.table:
         data, tables = reports.table(args)
     elif args.agent_table:
@@ -99,6 +100,33 @@ def run(args: argparse.Namespace) -> None:
     else:
         data, tables = reports.single(args)
     write(args.out, data, tables)
+
+
+def _validation(args: argparse.Namespace) -> tuple[dict[str, Any], list[Table]]:
+    """The absolute validation (real runs against their prediction) and, with --measured, the ratio validation."""
+    from agents_eval.sim.ratios import validate_ratios
+    from agents_eval.sim.validate import validate
+
+    if args.ratios_only:
+        data: dict[str, Any] = {"validation": {}, "notes": []}
+        tables: list[Table] = []
+    else:
+        data = validate(args.calibration, args.seed, repeats=args.repeats, duration_s=args.duration)
+        tables = data.pop("tables")
+    if args.measured:
+        ratios = validate_ratios(args.calibration, args.measured, args.workers, args.start_rate, args.search_steps,
+                                 args.seed)
+        data["validation"]["ratios"] = ratios
+        data["goals"] = [ratios["goal"]]
+        tables.append(Table("Ratios: simulated against measured (median of the runs given)",
+                            ["ratio", "simulated", "measured", "relative error"],
+                            [[r["ratio"], _fmt(r["simulated"]), _fmt(r["measured"]), _fmt(r["relative_error"])]
+                             for r in ratios["rows"]]))
+    return data, tables
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def write(out: Path, data: dict[str, Any], tables: list[Table]) -> None:

@@ -39,6 +39,7 @@ class Summary:
     cost_per_1k_tokens: float  # the cluster's GPU-hour price over the run, per 1,000 output tokens
     role_changes: int
     steps: int
+    latency_p99_s: float = 0.0  # arrival to last token, as the agent benchmark's p99_latency_s
 
 
 @dataclass(frozen=True)
@@ -106,8 +107,9 @@ def summarize(log: RunLog, config: ClusterConfig, price_per_hour: float, window:
     tokens = sum(r.tokens for r in records)
     met = float(np.mean((ttft <= slo.ttft_s) & (tpot <= slo.tpot_s)))
     cost = price_per_hour * duration / 3600 / tokens * 1000
+    latency = np.array([(r.last_token_s or r.arrival_s) - r.arrival_s for r in records])
     return Summary(len(records), duration, len(records) / duration, *_percentiles(ttft), *_percentiles(tpot), met,
-                   tokens, cost, len(log.role_changes), log.steps)
+                   tokens, cost, len(log.role_changes), log.steps, _percentiles(latency)[2])
 
 
 def _percentiles(values: np.ndarray) -> tuple[float, float, float]:

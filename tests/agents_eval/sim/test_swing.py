@@ -3,13 +3,12 @@ an act window, a think window whose prompts keep more than one prefill node busy
 
 from __future__ import annotations
 
+from agents_eval.sim import swing as sw
 from agents_eval.sim import swing_report
 from agents_eval.sim.config import ClusterConfig, cluster_config
-from agents_eval.sim.swing import (SwingLoad, SwingPlan, SwingWindow, best_split_per_window, run_all, split_config,
-                                   static_split)
 
-WINDOWS = (SwingWindow(0.0, 30.0, "act", 1.0), SwingWindow(30.0, 60.0, "think", 1.0),
-           SwingWindow(60.0, 90.0, "act", 1.0))
+WINDOWS = (sw.SwingWindow(0.0, 30.0, "act", 1.0), sw.SwingWindow(30.0, 60.0, "think", 1.0),
+           sw.SwingWindow(60.0, 90.0, "act", 1.0))
 
 
 def _small() -> ClusterConfig:
@@ -18,13 +17,13 @@ def _small() -> ClusterConfig:
 
 
 def test_splits_move_whole_nodes_prefill_nodes_first() -> None:
-    pools = split_config(_small(), 2, controller=False).pools
+    pools = sw.split_config(_small(), 2, controller=False).pools
     assert [(p.device, p.nodes, p.role) for p in pools] == [("a800", 1, "prefill"), ("h100", 1, "prefill"),
                                                             ("h100", 1, "decode")]
 
 
 def test_every_turn_takes_its_windows_phase_when_the_share_is_one() -> None:
-    load = SwingLoad(SwingPlan(WINDOWS, share=1.0), capacity_rate=1.0)
+    load = sw.SwingLoad(sw.SwingPlan(WINDOWS, share=1.0), capacity_rate=1.0)
     sessions = load.sessions()
     assert sessions and all(s.start_s < 90.0 for s in sessions)
     planned = [(s.start_s, s.turns[0].phase) for s in sessions]
@@ -32,25 +31,25 @@ def test_every_turn_takes_its_windows_phase_when_the_share_is_one() -> None:
 
 
 def test_the_controller_moves_a_node_to_prefill_in_the_think_window() -> None:
-    plan = SwingPlan(WINDOWS, share=1.0)
-    load = SwingLoad(plan, capacity_rate=4.0, warmup_s=10.0)
-    runs = run_all(_small(), load, jobs=1)
+    plan = sw.SwingPlan(WINDOWS, share=1.0)
+    load = sw.SwingLoad(plan, capacity_rate=4.0, warmup_s=10.0)
+    runs = sw.run_all(_small(), load, jobs=1)
     assert set(runs) == {"controller", "fixed 1P/2D", "fixed 2P/1D", "planned"}
     # the oracle: the think window is served best with two prefill nodes, the act window after it with one (the
     # first window, sessions starting with their whole system prompt and issue, is prefill-heavy too)
-    assert best_split_per_window([runs["fixed 1P/2D"], runs["fixed 2P/1D"]])[1:] == (2, 1)
+    assert sw.best_split_per_window([runs["fixed 1P/2D"], runs["fixed 2P/1D"]])[1:] == (2, 1)
     think = next(r for r in swing_report.shifts(runs["controller"], plan, 10.0, 3) if r["shift_to"] == "think")
     assert think["serving_ms"] is not None and think["serving_ms"] < 30_000
     first = min(runs["controller"].role_changes, key=lambda c: c.at_s)
     assert first.role == "prefill" and 30.0 <= first.at_s < 60.0
     applied = min(runs["controller"].roles_applied, key=lambda c: c.at_s)
     assert applied.worker_id == first.worker_id and applied.at_s >= first.at_s + _small().role_switch_s
-    assert 1 <= static_split(runs["controller"], 3) <= 2
+    assert 1 <= sw.static_split(runs["controller"], 3) <= 2
 
 
 def test_goals_are_the_report_lists() -> None:
-    plan = SwingPlan(WINDOWS, share=1.0)
-    runs = run_all(_small(), SwingLoad(plan, capacity_rate=1.0, warmup_s=10.0), jobs=2)
+    plan = sw.SwingPlan(WINDOWS, share=1.0)
+    runs = sw.run_all(_small(), sw.SwingLoad(plan, capacity_rate=1.0, warmup_s=10.0), jobs=2)
     rows = swing_report.configurations(runs, "fixed 1P/2D")
     shifts = swing_report.shifts(runs["controller"], plan, 10.0, 3)
     goals = swing_report.goals(shifts, swing_report.moves(runs["controller"], plan), rows, "fixed 1P/2D")
