@@ -43,10 +43,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                            "(--calibration; --workload swe or webarena)")
     p.add_argument("--calibration", type=Path,
                    help="calibration file of `agentserve profile` (--validate, --agent-table)")
-    p.add_argument("--measured", type=Path, nargs="+", default=[],
-                   help="report.json files (or their directories) of `agentserve bench --workload swe|webarena` and "
-                        "`agentserve bench disagg`: their ratios against the simulator's (--validate)")
-    p.add_argument("--ratios-only", action="store_true", help="--validate: the ratio validation alone, no real runs")
     p.add_argument("--workers", type=int, default=2, help="one-thread workers of each configuration (--agent-table)")
     p.add_argument("--repeats", type=int, help="real runs of each deployment and rate, in turn (--validate; default 2)")
     p.add_argument("--start-rate", type=float, default=1.0, help="first sessions/s of the rate search")
@@ -57,13 +53,21 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "think/act swings)")
     p.add_argument("--tensor-parallel", type=int, nargs="+", default=[1, 2, 4, 8],
                    help="tensor-parallel degrees the placement search tries per phase (--placement)")
+    _add_swing_arguments(p)
+    p.add_argument("--hours", type=float, default=1.0, help="simulated hours of session arrivals (--scale)")
+    p.set_defaults(run=run)
+    add_profile(sub.add_parser("profile", help="record the real engine's step times; write a calibration file"))
+
+
+def _add_swing_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--swing-cluster", default="moe27b-swing", help="the deployment of the swing (--swing)")
     p.add_argument("--capacity-rate", type=float, default=None,
                    help="sessions/s the swing's deployment serves at the SLO (--swing; default: configs/sim.yaml's)")
     p.add_argument("--jobs", type=int, default=2, help="configurations simulated at once, a process each (--swing)")
-    p.add_argument("--hours", type=float, default=1.0, help="simulated hours of session arrivals (--scale)")
-    p.set_defaults(run=run)
-    add_profile(sub.add_parser("profile", help="record the real engine's step times; write a calibration file"))
+    p.add_argument("--measured", type=Path, nargs="+", default=[],
+                   help="report.json files (or their directories) of `agentserve bench --workload swe|webarena` and "
+                        "`agentserve bench disagg`: their ratios against the simulator's (--validate)")
+    p.add_argument("--ratios-only", action="store_true", help="--validate: the ratio validation alone, no real runs")
 
 
 def run(args: argparse.Namespace) -> None:
