@@ -13,10 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from engine.block_manager import BlockKeys, ExtraKeys
 
-SELECTION_POLICIES = ("age", "query")  # age: the caller's masked spans; query: blocks scored by the engine
+# age: the caller's masked spans; query and attention: blocks scored by the engine (`QuerySelection.scoring`)
+SELECTION_POLICIES = ("age", "query", "attention")
+BlockScoring = Literal["bound", "attention"]
 
 
 @dataclass(frozen=True)
@@ -41,8 +44,9 @@ class MaskedSpan:
 
 @dataclass(frozen=True)
 class QuerySelection:
-    """The `query` policy of a request: every `refresh_steps` decode steps the engine scores each history block
-    by an upper bound of its keys' dot product with the step's queries (per-block key minima and maxima) and
+    """The `query` (and `attention`) policy of a request: every `refresh_steps` decode steps the engine scores
+    each history block by an upper bound of its keys' dot product with the step's queries (per-block key minima
+    and maxima; `scoring="attention"`: by the attention the request's queries gave it, accumulated) and
     attends to the best `budget` share of the history blocks from the next step on, plus the blocks it never
     skips: the first `sink_tokens`, the `kept` token ranges (tool-call headers, the current and previous turn)
     and the last `recent_tokens`."""
@@ -53,6 +57,7 @@ class QuerySelection:
     recent_tokens: int = 256
     kept: tuple[tuple[int, int], ...] = ()
     kept_from: int | None = None  # every position from here on (the previous and current turn)
+    scoring: BlockScoring = "bound"
 
     def __post_init__(self) -> None:
         if not 0.0 < self.budget <= 1.0 or self.refresh_steps < 1:

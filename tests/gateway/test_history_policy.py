@@ -37,14 +37,14 @@ def client(gateway_url: str) -> Iterator[openai.OpenAI]:
         yield opened
 
 
-@pytest.mark.parametrize("policy", ["age", "query"])
+@pytest.mark.parametrize("policy", ["age", "query", "attention"])
 def test_an_offered_policy_is_served(client: openai.OpenAI, policy: str) -> None:
     assert len(agent_turns(client, f"history-{policy}", policy)) == 3
 
 
 def test_an_unknown_policy_is_refused(client: openai.OpenAI) -> None:
-    with pytest.raises(openai.BadRequestError, match="history policy 'attention' is not offered") as caught:
-        agent_turns(client, "history-unknown", "attention", 1)
+    with pytest.raises(openai.BadRequestError, match="history policy 'newest' is not offered") as caught:
+        agent_turns(client, "history-unknown", "newest", 1)
     assert caught.value.body["param"] == "metadata.history_policy"  # type: ignore[index]
 
 
