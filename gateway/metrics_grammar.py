@@ -1,7 +1,10 @@
 """Structured-output metrics from the engine's cumulative grammar counters (`engine.grammar_spec.GrammarCounters`),
 turned into Prometheus counter increments per source like the other engine totals. Mask time per step is
 `grammar_mask_seconds_total` over `grammar_mask_steps_total`; the compile cache's hit rate is
-`grammar_compile_cache_hits_total` over `grammar_compile_cache_queries_total`."""
+`grammar_compile_cache_hits_total` over `grammar_compile_cache_queries_total`.
+
+Likewise the history policies' picks (`engine.mask.HistoryCounters`), by policy: the share of its history a
+decode step reads is `history_blocks_attended_total` over `history_blocks_held_total`."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from prometheus_client import CollectorRegistry, Counter
 
 from engine.grammar_spec import GrammarCounters
+from engine.mask import HistoryCounters
 
 PREFIX = "agentserve:"
 DOCS = {
@@ -40,3 +44,28 @@ class GrammarMetrics:
             previous = self.last.get(f"{source}:{item.name}", 0.0)
             self.last[f"{source}:{item.name}"] = total
             self.counters[item.name].inc(total if total < previous else total - previous)  # a drop: a restart
+
+
+HISTORY_DOCS = {
+    "picks": ("history_picks_total", "Picks of the history blocks a request's decode steps read, by policy."),
+    "held_blocks": ("history_blocks_held_total", "Full history blocks held at those picks, by policy."),
+    "attended_blocks": ("history_blocks_attended_total", "History blocks those picks left attended, by policy."),
+}
+
+
+@dataclass
+class HistoryMetrics:
+    counters: dict[str, Counter]
+    last: dict[str, float] = field(default_factory=dict)  # source:counter:policy -> the cumulative total last seen
+
+    @classmethod
+    def register(cls, registry: CollectorRegistry) -> HistoryMetrics:
+        return cls({name: Counter(PREFIX + metric, doc, ("policy",), registry=registry)
+                    for name, (metric, doc) in HISTORY_DOCS.items()})
+
+    def sync(self, totals: HistoryCounters, source: str) -> None:
+        for name in HISTORY_DOCS:
+            for policy, value in getattr(totals, name).items():
+                key = f"{source}:{name}:{policy}"
+                previous, self.last[key] = self.last.get(key, 0.0), float(value)
+                self.counters[name].labels(policy).inc(value if value < previous else value - previous)

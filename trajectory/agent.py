@@ -94,7 +94,8 @@ class Trajectory:
         pruning = [self._append(message, now, rule) for message in messages]
         self._sync()
         masks = self.policies.settings.masks
-        selection = query_selection(self.state, history, masks.sink_tokens, policy) if policy != "age" else None
+        selection = None if policy == "age" else query_selection(
+            self.state, history, masks.sink_tokens, "attention" if policy == "attention" else "query")
         if selection is None:  # under `query` and `attention` earlier `age` turns' masks stay, no new one added
             update_masks(self.state, masks)
         header = self.renderer.generation_prompt_ids()

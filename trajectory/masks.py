@@ -11,7 +11,7 @@ its queries ask or looked at (`engine.mask.QuerySelection`), and this module nam
 
 from __future__ import annotations
 
-from engine.mask import MaskedSpan, QuerySelection
+from engine.mask import MaskedSpan, QuerySelection, ScoredPolicy
 from trajectory.session import SessionState
 from trajectory.settings import HistorySettings, MaskSettings
 
@@ -35,7 +35,7 @@ def update_masks(state: SessionState, settings: MaskSettings) -> list[MaskedSpan
 
 
 def query_selection(state: SessionState, history: HistorySettings, sink_tokens: int,
-                    policy: str = "query") -> QuerySelection:
+                    policy: ScoredPolicy = "query") -> QuerySelection:
     """The `query` (or `attention`) policy for the session's next reply: the history blocks it never skips are
     the sinks, every assistant turn (its tool calls), the first tokens of every observation (which tool said it),
     and the previous and current turn: all from the end of the reply before last on."""
@@ -46,4 +46,4 @@ def query_selection(state: SessionState, history: HistorySettings, sink_tokens: 
              for turn in state.turns if turn.observation]
     return QuerySelection(budget=history.budget, refresh_steps=history.refresh_steps, sink_tokens=sink_tokens,
                           recent_tokens=history.recent_tokens, kept=tuple(sorted(kept)),
-                          kept_from=previous_turn_start, scoring="attention" if policy == "attention" else "bound")
+                          kept_from=previous_turn_start, policy=policy)

@@ -13,7 +13,7 @@ import torch
 from engine.block_selection import ATTENTION_DECAY, block_attention
 from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine
-from engine.mask import BlockScoring, MaskedSpan, QuerySelection, spans_skipping_blocks
+from engine.mask import MaskedSpan, QuerySelection, ScoredPolicy, spans_skipping_blocks
 from engine.sampling import SamplingParams
 from tests.engine.test_masks import hf_masked_logits
 
@@ -69,17 +69,17 @@ def test_nothing_skipped_is_the_dense_path(make_hf_checkpoint: Callable[..., Pat
     assert torch.equal(logits, dense_logits)
 
 
-@pytest.mark.parametrize("scoring", ["bound", "attention"])
+@pytest.mark.parametrize("policy", ["query", "attention"])
 def test_query_selection_is_exact_over_the_blocks_it_picks(
         make_hf_checkpoint: Callable[..., Path], load_hf_reference: Callable[[Path], torch.nn.Module],
-        scoring: BlockScoring) -> None:
+        policy: ScoredPolicy) -> None:
     """Half the history is skipped, picked anew every 3 decode steps (by key bounds, `query`, or by the
     attention given, `attention`): each step equals dense attention over the blocks in force at its position,
     and the picks change (spans closed, others opened)."""
     checkpoint = make_hf_checkpoint("llama")
     model = load_hf_reference(checkpoint)
     engine = LLMEngine(str(checkpoint), SETTINGS)
-    selection = QuerySelection(budget=0.5, refresh_steps=3, sink_tokens=4, recent_tokens=BLOCK, scoring=scoring)
+    selection = QuerySelection(budget=0.5, refresh_steps=3, sink_tokens=4, recent_tokens=BLOCK, policy=policy)
     tokens, logits, spans = run(engine, [], selection)
     assert spans and all(span.from_position > PROMPT_LEN for span in spans)
     assert any(span.until_position is not None for span in spans), "the selection never changed"

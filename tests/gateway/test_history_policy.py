@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -54,3 +55,16 @@ def test_a_policy_this_deployment_lacks_is_refused(gateway_process: GatewayProce
         with pytest.raises(openai.BadRequestError, match="offered: age"):
             agent_turns(client, "history-lacking", "query", 1)
         assert len(agent_turns(client, "history-age", "age", 1)) == 1
+
+
+def test_picks_are_counted_by_policy(client: openai.OpenAI, gateway_url: str) -> None:
+    """Each engine-scored policy's picks and the history blocks they held and left attended, on /metrics."""
+    for policy in ("query", "attention"):
+        agent_turns(client, f"history-metrics-{policy}", policy, turns=3)
+    text = httpx.get(f"{gateway_url}/metrics", timeout=30).text
+    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+              if line.startswith("agentserve:history_")}
+    for policy in ("query", "attention"):
+        picks, held, attended = (values[f'agentserve:history_{name}_total{{policy="{policy}"}}']
+                                 for name in ("picks", "blocks_held", "blocks_attended"))
+        assert picks >= 1 and 0 <= attended <= held, values

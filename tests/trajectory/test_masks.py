@@ -92,8 +92,7 @@ def test_query_policy_turns_reuse_the_session_kv(policy: str) -> None:
     held = 0
     for turn in range(6):
         plan = trajectory.add_messages(messages, now=float(turn), history_policy=policy)
-        assert plan.selection is not None and plan.selection.scoring == ("attention" if policy == "attention"
-                                                                         else "bound")
+        assert plan.selection is not None and plan.selection.policy == policy
         result = run(engine, plan)
         assert result.num_cached_tokens == held
         held = len(plan.prompt_token_ids) + len(result.token_ids) - 1
