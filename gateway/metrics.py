@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.metrics_core import Metric
 
 from engine.stats import EngineStats, WorkerReport
-from gateway.metrics_grammar import GrammarMetrics, HistoryMetrics
+from gateway.metrics_grammar import GrammarMetrics
 
 PREFIX = "agentserve:"
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the classic format every Prometheus reads
@@ -186,7 +186,6 @@ class Metrics:
         self._transfers = CumulativeBaseline()
         self._failures = CumulativeBaseline()
         self._grammar = GrammarMetrics.register(self.registry)
-        self._history = HistoryMetrics.register(self.registry)
 
     def request_started(self, endpoint: str, now: float | None = None) -> RequestTrace:
         return RequestTrace(endpoint, _now(now))
@@ -276,8 +275,7 @@ class Metrics:
         self.counters.prefix_cache_hits.inc(self._hits.delta(source, stats.prefix_cache_hits))
         for outcome, total in stats.kv_transfers.items():
             self.counters.kv_transfers.labels(outcome).inc(self._transfers.delta(f"{source}:{outcome}", total))
-        self._grammar.sync(stats.grammar, source)
-        self._history.sync(stats.history, source)
+        self._grammar.sync(stats.grammar, stats.history, source)
 
     def sync_signals(self, forecaster: str, reason: str, failures: int) -> None:
         """Which forecaster the controller reads and why; the load-signal pushes that failed (cumulative)."""

@@ -30,20 +30,23 @@ DOCS = {
 
 
 @dataclass
-class GrammarMetrics:
+class CumulativeCounters:
+    """Prometheus counters fed from an engine's cumulative totals, per source (a total that drops: a restart)."""
+
     counters: dict[str, Counter]
-    last: dict[str, float] = field(default_factory=dict)  # source:counter -> the cumulative total last seen
+    last: dict[str, float] = field(default_factory=dict)  # source:counter:labels -> the cumulative total last seen
 
     @classmethod
-    def register(cls, registry: CollectorRegistry) -> GrammarMetrics:
-        return cls({name: Counter(PREFIX + metric, doc, registry=registry) for name, (metric, doc) in DOCS.items()})
+    def register(cls, registry: CollectorRegistry, docs: dict[str, tuple[str, str]],
+                 labels: tuple[str, ...] = ()) -> CumulativeCounters:
+        return cls({name: Counter(PREFIX + metric, doc, labels, registry=registry)
+                    for name, (metric, doc) in docs.items()})
 
-    def sync(self, totals: GrammarCounters, source: str) -> None:
-        for item in fields(totals):
-            total = float(getattr(totals, item.name))
-            previous = self.last.get(f"{source}:{item.name}", 0.0)
-            self.last[f"{source}:{item.name}"] = total
-            self.counters[item.name].inc(total if total < previous else total - previous)  # a drop: a restart
+    def advance(self, name: str, source: str, total: float, *labels: str) -> None:
+        key = ":".join((source, name, *labels))
+        previous, self.last[key] = self.last.get(key, 0.0), float(total)
+        counter = self.counters[name].labels(*labels) if labels else self.counters[name]
+        counter.inc(total if total < previous else total - previous)
 
 
 HISTORY_DOCS = {
@@ -54,18 +57,18 @@ HISTORY_DOCS = {
 
 
 @dataclass
-class HistoryMetrics:
-    counters: dict[str, Counter]
-    last: dict[str, float] = field(default_factory=dict)  # source:counter:policy -> the cumulative total last seen
+class GrammarMetrics:
+    grammar: CumulativeCounters
+    history: CumulativeCounters
 
     @classmethod
-    def register(cls, registry: CollectorRegistry) -> HistoryMetrics:
-        return cls({name: Counter(PREFIX + metric, doc, ("policy",), registry=registry)
-                    for name, (metric, doc) in HISTORY_DOCS.items()})
+    def register(cls, registry: CollectorRegistry) -> GrammarMetrics:
+        return cls(CumulativeCounters.register(registry, DOCS),
+                   CumulativeCounters.register(registry, HISTORY_DOCS, ("policy",)))
 
-    def sync(self, totals: HistoryCounters, source: str) -> None:
+    def sync(self, grammar: GrammarCounters, history: HistoryCounters, source: str) -> None:
+        for item in fields(grammar):
+            self.grammar.advance(item.name, source, getattr(grammar, item.name))
         for name in HISTORY_DOCS:
-            for policy, value in getattr(totals, name).items():
-                key = f"{source}:{name}:{policy}"
-                previous, self.last[key] = self.last.get(key, 0.0), float(value)
-                self.counters[name].labels(policy).inc(value if value < previous else value - previous)
+            for policy, total in getattr(history, name).items():
+                self.history.advance(name, source, total, policy)

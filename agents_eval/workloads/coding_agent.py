@@ -30,6 +30,7 @@ import random
 from dataclasses import dataclass
 
 from agents_eval.workloads.arrivals import ToolGaps
+from agents_eval.workloads.swe import TOOL_GAPS
 from agents_eval.workloads.swing import Swing
 from agents_eval.workloads.synthetic import (
     SyntheticOptions,
@@ -56,7 +57,6 @@ ACT_OBSERVATION_MEDIAN = 30
 OBSERVATION_SIGMA = 0.6
 OBSERVATION_CAP = 1200
 OUTPUT = (12, 36)
-TOOL_GAPS = ToolGaps(median_s=0.5, sigma=1.5, cap_s=60.0)
 USER_GAPS = ToolGaps(median_s=5.0, sigma=1.0, cap_s=120.0)
 
 
