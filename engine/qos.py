@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 from typing import Self
 
@@ -146,3 +147,9 @@ def main_qos(args: argparse.Namespace) -> int:
     config = load_qos_config(args.config)
     print(render_opensm_qos(config) if args.ib else render_dscp_table(config), end="")
     return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("qos", help="traffic classes from configs/qos.yaml: DSCP marks, InfiniBand opensm QoS")
+    add_qos_arguments(p)
+    p.set_defaults(run=lambda args: sys.exit(main_qos(args)))

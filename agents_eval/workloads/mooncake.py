@@ -1,4 +1,4 @@
-"""Trace replay of Mooncake's format (agents_eval/traces/README.md) as multi-turn chat sessions.
+"""Trace replay of Mooncake's format (predictor/data/README.md) as multi-turn chat sessions.
 
 Each request arrives at its `timestamp` (ms) x time_scale. Lengths are `input_length` / `output_length` x
 length_scale. Every `hash_ids` entry names a 512-token block, replayed as (512 x length_scale) single-token

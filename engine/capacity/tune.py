@@ -203,3 +203,7 @@ def run(args: argparse.Namespace) -> None:
         print(json.dumps(asdict(result)))
     else:
         Console(width=160).print(_table(result, config))
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    add_arguments(sub.add_parser("tune", help="decode concurrency and prefill batch size for a model on a GPU"))

@@ -177,7 +177,7 @@ def test_unsupported_tensor_type(tmp_path: Path) -> None:
 
 def test_cli_exits_2_with_one_line_on_a_bad_file(tmp_path: Path) -> None:
     path = write_gguf(tmp_path / "model.gguf", architecture_name="falcon")
-    result = subprocess.run([sys.executable, "-m", "gateway.cli", "generate", "--model", str(path),
+    result = subprocess.run([sys.executable, "-m", "agentserve", "generate", "--model", str(path),
                              "--prompt-ids", "1,2,3"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "unsupported architecture" in result.stderr

@@ -1,4 +1,4 @@
-"""The gateways `agentserve bench --workload` compares, one process each: `python -m gateway.cli serve` on a
+"""The gateways `agentserve bench --workload` compares, one process each: `python -m agentserve serve` on a
 free loopback port with the configuration's environment, ready when `GET /ready` answers 200, stopped with
 SIGTERM (the gateway drains, then exits). Also what the benchmark reads from a running gateway: its model
 name, its /metrics counters, and its prefill/decode split (`GET /admin/capacity`, or the
@@ -88,7 +88,7 @@ class GatewayProcess:
 def running_gateway(model: str, env: dict[str, str], log_path: Path) -> Iterator[GatewayProcess]:
     """A gateway process until the block exits; its output goes to `log_path`."""
     port = free_port()
-    command = [sys.executable, "-m", "gateway.cli", "serve", "--model", model, "--host", "127.0.0.1",
+    command = [sys.executable, "-m", "agentserve", "serve", "--model", model, "--host", "127.0.0.1",
                "--port", str(port)]
     with running_process(command, port, env, log_path, "/ready", "the gateway", hidden_env=admin_key_env()) as gateway:
         yield gateway

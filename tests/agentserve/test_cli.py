@@ -79,7 +79,7 @@ def test_malformed_prompt_ids_exit_nonzero() -> None:
 def test_sigterm_runs_finally_blocks(tmp_path: Path) -> None:
     """A SIGTERM'd benchmark stops the servers it started: its `finally` blocks run."""
     marker = tmp_path / "cleaned"
-    script = ("import time\nfrom gateway.cli import exit_on_sigterm\nexit_on_sigterm()\n"
+    script = ("import time\nfrom agentserve.cli import exit_on_sigterm\nexit_on_sigterm()\n"
               "try:\n    print('ready', flush=True)\n    time.sleep(60)\n"
               f"finally:\n    open({str(marker)!r}, 'w').close()\n")
     with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as process:
@@ -87,3 +87,21 @@ def test_sigterm_runs_finally_blocks(tmp_path: Path) -> None:
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=20) == 128 + signal.SIGTERM
     assert marker.exists()
+
+
+def test_serve_imports_no_benchmark_and_no_matplotlib() -> None:
+    """`agentserve serve` builds its parser and imports the gateway's server without any module of agents_eval."""
+    script = ("import sys\nfrom agentserve.cli import build_parser\nargv = ['serve', '--port', '1']\n"
+              "build_parser(argv).parse_args(argv)\nimport gateway.serve\n"
+              "print(sorted(m for m in sys.modules if m.split('.')[0] in ('agents_eval', 'matplotlib')))")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+def test_help_lists_every_command_without_importing_one() -> None:
+    script = ("import sys\nfrom agentserve.cli import COMMANDS, build_parser\n"
+              "print(build_parser([]).format_help())\n"
+              "print(sorted({m for m, _ in COMMANDS.values()} & set(sys.modules)))")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    assert result.stdout.strip().endswith("[]")
+    assert all(name in result.stdout for name in ("generate", "serve", "bench", "simulate", "predictor", "monitor"))
