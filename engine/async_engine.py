@@ -23,7 +23,7 @@ from engine.stats import AgentSignals, EngineStats, WorkerReport
 from engine.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from engine.worker.capacity_loop import CapacityLoop
+    from engine.capacity.loop import CapacityLoop
 
 log = logging.getLogger(__name__)
 

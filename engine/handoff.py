@@ -5,32 +5,13 @@ with the same generator state, so sampled outputs are the same wherever they are
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
 
 import torch
 
 from engine.kv_wire import KVBlock
 from engine.llm_engine import LLMEngine
-from engine.mask import MaskedSpan, QuerySelection
-from engine.sampling import SamplingParams
-from engine.sequence import Sequence, SessionRef
-
-
-@dataclass
-class Handoff:
-    request_id: str
-    prompt_token_ids: list[int]
-    output_token_ids: list[int]  # the first sampled token, after any its grammar forced before it
-    params: SamplingParams
-    sampler_state: bytes
-    num_cached_tokens: int
-    masked_spans: tuple[MaskedSpan, ...] = ()
-    session: SessionRef | None = None  # pinned on the decode side when the turn finishes
-    selection: QuerySelection | None = None  # the `query` policy, applied by the decode side
-
-    @property
-    def num_kv_tokens(self) -> int:
-        return len(self.prompt_token_ids)
+from engine.sequence import Sequence
+from engine.worker.messages import Handoff
 
 
 def take_handoff(engine: LLMEngine, request_id: str) -> Handoff:

@@ -33,7 +33,7 @@ from engine.stats import AgentSignals, EngineStats, StepTimer, WorkerReport, que
 from engine.step_trace import StepTrace
 
 if TYPE_CHECKING:
-    from engine.worker.capacity_loop import CapacityLoop
+    from engine.capacity.loop import CapacityLoop
 
 
 @dataclass

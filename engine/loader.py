@@ -15,11 +15,21 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from engine.config import MODELS_DIR, ModelConfig
-from engine.gguf import GGUF_SUFFIX
+from engine.gguf import GGUF_SUFFIX, is_gguf_path
 from engine.gguf.package import PackagedGGUF, PackagedModelError
 from engine.gguf.quantized import keeps_quantized, quantized_linear
 from engine.gguf.reader import GGUFError, GGUFModel, read_config, read_gguf
+from engine.gguf.tokenizer import load_gguf_tokenizer
 from engine.model import LlamaForCausalLM
+from engine.tokenizer import (
+    BUILTIN_MODEL,
+    HF_TOKENIZER_FILE,
+    SP_TOKENIZER_FILE,
+    HFTokenizer,
+    SentencePieceTokenizer,
+    Tokenizer,
+    TokenizerNotFoundError,
+)
 
 INDEX_FILE = "model.safetensors.index.json"
 DROPPED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -78,6 +88,22 @@ def resolve_model(name_or_path: str) -> ModelSource:
         raise ModelLoadError(f"unknown model {name_or_path!r}: not a built-in model ({', '.join(names)}), "
                              "a GGUF file or a checkpoint directory")
     return ModelSource(read_hf_config(path), path)
+
+
+def load_tokenizer(model_dir: Path | None) -> Tokenizer:
+    """The checkpoint directory's tokenizer (tokenizer.json before tokenizer.model), a GGUF file's (read from its
+    metadata), or the built-in one for None. A bad GGUF file raises `GGUFTokenizerError`, a ValueError."""
+    if model_dir is None:
+        return SentencePieceTokenizer.from_file(BUILTIN_MODEL)
+    model_dir = Path(model_dir)
+    if is_gguf_path(model_dir):
+        return load_gguf_tokenizer(model_dir)
+    if (model_dir / HF_TOKENIZER_FILE).is_file():
+        return HFTokenizer.from_dir(model_dir)
+    if (model_dir / SP_TOKENIZER_FILE).is_file():
+        return SentencePieceTokenizer.from_file(model_dir / SP_TOKENIZER_FILE, model_dir)
+    raise TokenizerNotFoundError(
+        f"no {HF_TOKENIZER_FILE} or {SP_TOKENIZER_FILE} in checkpoint directory {model_dir}")
 
 
 def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",

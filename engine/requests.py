@@ -9,9 +9,9 @@ from pathlib import Path
 from engine.config import EngineSettings, ModelConfig
 from engine.grammar import check_grammar
 from engine.kv_cache.sizing import size_kv_cache
-from engine.loader import resolve_model
+from engine.loader import load_tokenizer, resolve_model
 from engine.sampling import RequestError, SamplingParams
-from engine.tokenizer import Tokenizer, TokenizerNotFoundError, load_tokenizer
+from engine.tokenizer import Tokenizer, TokenizerNotFoundError
 
 Prompt = str | list[int]
 

@@ -10,8 +10,6 @@ from typing import Any, Protocol
 import sentencepiece as spm
 import tokenizers
 
-from engine.gguf import GGUF_SUFFIX
-
 BUILTIN_MODEL = Path(__file__).resolve().parent.parent / "configs" / "tokenizer" / "agentserve.model"
 HF_TOKENIZER_FILE = "tokenizer.json"
 SP_TOKENIZER_FILE = "tokenizer.model"
@@ -111,29 +109,6 @@ class HFTokenizer:
     def backend_json(self) -> str:
         """The whole tokenizer as `tokenizer.json` text (what a grammar library builds its token trie from)."""
         return str(self._tok.to_str())
-
-
-def load_tokenizer(model_dir: Path | None) -> Tokenizer:
-    """The checkpoint directory's tokenizer (tokenizer.json before tokenizer.model), a GGUF file's (read from its
-    metadata), or the built-in one for None. A bad GGUF file raises `GGUFTokenizerError`, a ValueError."""
-    if model_dir is None:
-        return SentencePieceTokenizer.from_file(BUILTIN_MODEL)
-    model_dir = Path(model_dir)
-    if is_gguf_path(model_dir):
-        from engine.gguf.tokenizer import load_gguf_tokenizer  # it builds on HFTokenizer, defined here
-
-        return load_gguf_tokenizer(model_dir)
-    if (model_dir / HF_TOKENIZER_FILE).is_file():
-        return HFTokenizer.from_dir(model_dir)
-    if (model_dir / SP_TOKENIZER_FILE).is_file():
-        return SentencePieceTokenizer.from_file(model_dir / SP_TOKENIZER_FILE, model_dir)
-    raise TokenizerNotFoundError(
-        f"no {HF_TOKENIZER_FILE} or {SP_TOKENIZER_FILE} in checkpoint directory {model_dir}")
-
-
-def is_gguf_path(path: Path) -> bool:
-    """A model given as a file (or a missing `.gguf` path) is a GGUF file; a directory is a checkpoint."""
-    return path.is_file() or (path.suffix == GGUF_SUFFIX and not path.is_dir())
 
 
 def _special_token_id(model_dir: Path, name: str, token_to_id: Callable[[str], int | None]) -> int | None:

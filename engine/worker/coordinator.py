@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from multiprocessing.connection import wait
 
+from engine.capacity.loop import CapacityLoop
 from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
 from engine.kv_cache.sizing import sized_settings
@@ -30,7 +31,6 @@ from engine.sampling import RequestError, SamplingParams
 from engine.sequence import SessionRef
 from engine.slo import load_slo_config
 from engine.worker import messages as m
-from engine.worker.capacity_loop import CapacityLoop
 from engine.worker.deployment import DeploymentSettings
 from engine.worker.handles import WorkerHandle
 from engine.worker.placement import Placer

@@ -18,10 +18,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.handoff import Handoff
 from engine.kv_wire import KVBlock
 from engine.worker.kv_stream import wire_hashes
-from engine.worker.messages import KVCounters
+from engine.worker.messages import Handoff, KVCounters
 
 FrameKey = tuple[int, int]  # (hash of the frame's last block, layer)
 Release = Callable[[], None]

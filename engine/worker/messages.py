@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.handoff import Handoff
 from engine.mask import MaskedSpan, QuerySelection
 from engine.output import RequestOutput
 from engine.sampling import SamplingParams
@@ -14,6 +13,26 @@ from engine.sequence import SessionRef
 from engine.stats import EngineStats
 
 PREFILL, DECODE = "prefill", "decode"
+
+
+# a request moving from its prefill worker to its decode worker (in `AcceptHandoff`; its KV travels apart)
+@dataclass
+class Handoff:
+    """What travels with a request from its prefill worker to its decode worker besides the KV bytes."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]  # the first sampled token, after any its grammar forced before it
+    params: SamplingParams
+    sampler_state: bytes
+    num_cached_tokens: int
+    masked_spans: tuple[MaskedSpan, ...] = ()
+    session: SessionRef | None = None  # pinned on the decode side when the turn finishes
+    selection: QuerySelection | None = None  # the `query` policy, applied by the decode side
+
+    @property
+    def num_kv_tokens(self) -> int:
+        return len(self.prompt_token_ids)
 
 
 # coordinator -> worker

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from engine.capacity.loop import CapacityLoop
 from engine.kv_cache.engine_tiers import total_tier_stats
 from engine.stats import AgentSignals, EngineStats, WorkerReport
 from engine.worker import messages as m
-from engine.worker.capacity_loop import CapacityLoop
 from engine.worker.handles import WorkerHandle
 from engine.worker.session_homes import SessionHomes
 

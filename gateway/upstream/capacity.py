@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable
 
 from engine.capacity.events import JsonValue
+from engine.capacity.loop import CapacityLoop
 from engine.capacity.settings import CapacitySettings
 from engine.capacity.signals import ROLES, LoadSnapshot, Shift, WorkerLoad
 from engine.stats import EngineStats
-from engine.worker.capacity_loop import CapacityLoop
 from gateway.upstream.pool import Replica, UpstreamPool
 
 OnEngineThread = Callable[[Callable[[object], object]], None]  # AsyncLLMEngine.call

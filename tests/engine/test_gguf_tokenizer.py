@@ -20,7 +20,8 @@ from tokenizers import models, pre_tokenizers, trainers
 
 from engine.gguf.package import PackagedGGUF
 from engine.gguf.tokenizer import PRE_TOKENIZERS, GGUFTokenizerError, build_gguf_tokenizer, read_gguf_vocab
-from engine.tokenizer import BUILTIN_MODEL, HFTokenizer, Tokenizer, load_tokenizer
+from engine.loader import load_tokenizer
+from engine.tokenizer import BUILTIN_MODEL, HFTokenizer, Tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTROL, USER_DEFINED = 3, 4

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from engine.handoff import Handoff
 from engine.kv_wire import KVBlock, layer_runs
 from engine.sampling import SamplingParams
 from engine.worker.kv_assembly import KVAssembler
 from engine.worker.kv_stream import wire_hashes
+from engine.worker.messages import Handoff
 
 LAYERS, BLOCK = 2, 4
 

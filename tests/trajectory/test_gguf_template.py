@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.tokenizer import Tokenizer, load_tokenizer
+from engine.loader import load_tokenizer
+from engine.tokenizer import Tokenizer
 from tests.engine.test_gguf_tokenizer import smollm_path, smollm_reference, transformers_digit_bug, write_gguf
 from trajectory.template import (
     DefaultChatTemplate,

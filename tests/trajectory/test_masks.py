@@ -8,9 +8,9 @@ import pytest
 
 from engine.config import EngineSettings
 from engine.llm_engine import Completion, LLMEngine
+from engine.loader import load_tokenizer
 from engine.mask import QuerySelection
 from engine.sampling import SamplingParams
-from engine.tokenizer import load_tokenizer
 from trajectory.agent import Policies, Trajectory, TurnPlan
 from trajectory.template import DefaultChatTemplate
 from trajectory.template_types import Message

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.tokenizer import Tokenizer, load_tokenizer
+from engine.loader import load_tokenizer
+from engine.tokenizer import Tokenizer
 from trajectory.template import DefaultChatTemplate, IncrementalRenderer
 from trajectory.template_types import ROLES, Message, ToolSchemas
 from trajectory.tokenizer_cache import MAX_CHARS, CachingTokenizer

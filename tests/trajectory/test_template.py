@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from tokenizers import decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from engine.tokenizer import HFTokenizer, Tokenizer, load_tokenizer
+from engine.loader import load_tokenizer
+from engine.tokenizer import HFTokenizer, Tokenizer
 from trajectory.template import (
     ROLES,
     ChatTemplate,

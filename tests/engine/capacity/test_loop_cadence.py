@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from engine.capacity.loop import CapacityLoop
 from engine.capacity.settings import CapacitySettings
 from engine.capacity.signals import AdmittedWork
 from engine.stats import AgentSignals
 from engine.worker import messages as m
-from engine.worker.capacity_loop import CapacityLoop
 from engine.worker.handles import WorkerHandle
 
 

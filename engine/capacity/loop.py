@@ -8,20 +8,41 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 from engine.capacity.alerts import AlertInputs, AlertMonitor
 from engine.capacity.events import EventLog, JsonValue
 from engine.capacity.policy import CapacityPolicy, Decision
 from engine.capacity.settings import CapacitySettings
-from engine.capacity.signals import LoadSnapshot, RoutedPrefills, Shift, WorkerLoad, role_figures
-from engine.stats import AgentSignals, ema, mean_line
-from engine.worker import messages as m
-from engine.worker.handles import WorkerHandle
+from engine.capacity.signals import DECODE, PREFILL, LoadSnapshot, RoutedPrefills, Shift, WorkerLoad, role_figures
+from engine.stats import AgentSignals, EngineStats, ema, mean_line
 
 log = logging.getLogger(__name__)
 SetRole = Callable[[int, str], None]
+
+
+class WorkerProcessId(Protocol):
+    @property
+    def pid(self) -> int | None: ...
+
+
+class MovableWorker(Protocol):
+    """What the loop reads of a worker it moves between roles (the coordinator's worker handle)."""
+
+    @property
+    def worker_id(self) -> int: ...
+    @property
+    def role(self) -> str: ...
+    @property
+    def alive(self) -> bool: ...
+    @property
+    def stats(self) -> EngineStats: ...
+    @property
+    def switched_at(self) -> float: ...
+    @property
+    def process(self) -> WorkerProcessId: ...
 
 
 @dataclass
@@ -38,7 +59,7 @@ class RequestTimes:
 
 
 class CapacityLoop:
-    def __init__(self, settings: CapacitySettings, workers: list[WorkerHandle], set_role: SetRole,
+    def __init__(self, settings: CapacitySettings, workers: Sequence[MovableWorker], set_role: SetRole,
                  max_streams_per_worker: int | None = None) -> None:
         self.settings, self.workers, self.set_role = settings, workers, set_role
         self.max_streams_per_worker = max_streams_per_worker  # the engine's max_num_seqs
@@ -85,9 +106,9 @@ class CapacityLoop:
         alive = [w for w in self.workers if w.alive]
         loads = tuple(WorkerLoad(w.worker_id, w.role, w.stats.running, w.stats.prefill_tokens_waiting,
                                  w.stats.decode_streams, w.switched_at or None) for w in alive)
-        tpot = _mean(role_figures(m.DECODE, [(w.role, w.stats.decode_step_s) for w in alive]))
-        rate = _mean(role_figures(m.PREFILL, [(w.role, w.stats.prefill_tokens_per_s) for w in alive]))
-        line = mean_line(role_figures(m.DECODE, [(w.role, w.stats.decode_line) for w in alive]))
+        tpot = _mean(role_figures(DECODE, [(w.role, w.stats.decode_step_s) for w in alive]))
+        rate = _mean(role_figures(PREFILL, [(w.role, w.stats.prefill_tokens_per_s) for w in alive]))
+        line = mean_line(role_figures(DECODE, [(w.role, w.stats.decode_line) for w in alive]))
         return LoadSnapshot(now, loads, tpot, rate, self.signals.think_share, shift,
                             self.signals.forecast_prefill_tokens, self.signals.forecast_decode_tokens,
                             self.signals.admitted, line, self.routed.work(), self.max_streams_per_worker)
@@ -125,7 +146,7 @@ class CapacityLoop:
 
     def target(self) -> dict[str, int]:
         decision = self.last_decision
-        return {} if decision is None else {m.PREFILL: decision.prefill, m.DECODE: decision.decode}
+        return {} if decision is None else {PREFILL: decision.prefill, DECODE: decision.decode}
 
     def report(self) -> dict[str, JsonValue]:
         alive = [w for w in self.workers if w.alive]
@@ -134,7 +155,7 @@ class CapacityLoop:
         return {
             "enabled": self.settings.enabled,
             "interval_s": self.settings.interval_s,
-            "split": {role: sum(w.role == role for w in alive) for role in (m.PREFILL, m.DECODE)},
+            "split": {role: sum(w.role == role for w in alive) for role in (PREFILL, DECODE)},
             "workers": [{"worker_id": w.worker_id, "pid": w.process.pid, "role": w.role, "running": w.stats.running,
                          "decode_streams": w.stats.decode_streams,
                          "waiting_prefill_tokens": w.stats.prefill_tokens_waiting,
