@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("engine.cli", "run one request through the engine and print the result"),
     "serve": ("gateway.cli", "run the gateway with its embedded engine"),
     "bench": ("agents_eval.bench.cli", "benchmarks (agents_eval); each writes report.json, report.md, a plot"),
-    "qos": ("engine.qos", "traffic classes from configs/qos.yaml: DSCP marks, InfiniBand opensm QoS"),
+    "qos": ("engine.transport.qos", "traffic classes from configs/qos.yaml: DSCP marks, InfiniBand opensm QoS"),
     "keys": ("gateway.cli", "API keys"),
     "predictor": ("predictor.cli", "next-turn load forecasting: train and evaluate the LSTM, replay the forecast"),
     "simulate": ("agents_eval.sim.cli", "cluster simulator: the project's policies on simulated nodes"),

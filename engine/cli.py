@@ -7,11 +7,11 @@ import json
 from typing import TYPE_CHECKING
 
 from engine.config import EngineSettings
-from engine.llm_engine import Completion, LLMEngine
-from engine.sampling import SamplingParams
+from engine.core.llm_engine import Completion, LLMEngine
+from engine.core.sampling.sampler import SamplingParams
 
 if TYPE_CHECKING:
-    from engine.worker.coordinator import DisaggregatedEngine
+    from engine.workers.coordinator.worker_engine import DisaggregatedEngine
 
 
 class CLIError(ValueError):
@@ -64,8 +64,10 @@ def _run_generate(args: argparse.Namespace) -> None:
 def _engine(args: argparse.Namespace) -> LLMEngine | DisaggregatedEngine:
     if not args.disaggregated:
         return LLMEngine(args.model, EngineSettings())
-    from engine.worker.coordinator import DisaggregatedEngine  # worker processes, transports: only when asked
-    from engine.worker.deployment import DeploymentSettings
+    from engine.workers.coordinator.worker_engine import (
+        DisaggregatedEngine,  # worker processes, transports: only when asked
+    )
+    from engine.workers.deployment import DeploymentSettings
 
     deployment = DeploymentSettings(**({"transport": args.transport} if args.transport else {}))
     return DisaggregatedEngine(args.model, EngineSettings(), deployment)

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from engine.async_engine import ServingEngine
+from engine.core.async_engine import ServingEngine
 from gateway.access import admin_principal
 from gateway.auth import Principal
 from gateway.chat import gateway_state

@@ -12,11 +12,11 @@ from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.async_engine import AsyncLLMEngine, ServingEngine
 from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from engine.sampling_defaults import model_sampling_defaults
+from engine.core.async_engine import AsyncLLMEngine, ServingEngine
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling.defaults import model_sampling_defaults
 from gateway import admin, chat, content_log, ops, responses, responses_ws
 from gateway.admission import AdmissionController
 from gateway.auth import HoldLimits, KeyRing
@@ -47,7 +47,7 @@ def build_engine(settings: GatewaySettings) -> ServingEngine:
         return TokenizerFront(settings.model)
     if settings.engine_in_process and not settings.disaggregated:
         return LLMEngine(settings.model, EngineSettings())
-    from engine.worker.coordinator import DisaggregatedEngine, colocated_engine
+    from engine.workers.coordinator.worker_engine import DisaggregatedEngine, colocated_engine
 
     if not settings.disaggregated:
         return colocated_engine(settings.model, EngineSettings())

@@ -17,8 +17,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from engine.ids import fresh_id
-from engine.sampling import TokenLogprob
+from engine.core.ids import fresh_id
+from engine.core.sampling.sampler import TokenLogprob
 from gateway.access import prefix_cache_salt, request_principal
 from gateway.auth import Principal
 from gateway.bodies import body_openapi, parse_body

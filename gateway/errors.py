@@ -12,8 +12,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.async_engine import EngineDeadError
-from engine.sampling import RequestError
+from engine.core.async_engine import EngineDeadError
+from engine.core.sampling.sampler import RequestError
 from gateway.openapi import declare_errors
 from trajectory.template_types import ChatTemplateError
 

@@ -15,8 +15,8 @@ from collections import OrderedDict
 from dataclasses import replace
 from pathlib import Path
 
-from engine.async_engine import AsyncLLMEngine
-from engine.stats import AgentSignals
+from engine.core.async_engine import AsyncLLMEngine
+from engine.core.stats import AgentSignals
 from gateway.admission import AdmissionController
 from predictor.forecast import LoadForecaster
 from predictor.recording import SessionRecorder

@@ -10,9 +10,9 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from engine.grammar_spec import GrammarSpec
-from engine.sampling import SamplingParams
-from engine.sampling_defaults import SamplingDefaults
+from engine.core.sampling.defaults import SamplingDefaults
+from engine.core.sampling.grammar_spec import GrammarSpec
+from engine.core.sampling.sampler import SamplingParams
 from gateway.errors import APIError
 from trajectory.observations import ObservationUsers, observation_users
 from trajectory.template_types import Message
@@ -146,7 +146,7 @@ def history_rule(metadata: dict[str, str] | None, offered: Sequence[str]) -> str
 class SamplingFields(RequestBody):
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
-    # Unset (None): the model's default (engine/sampling_defaults.py); OpenAI's without one
+    # Unset (None): the model's default (engine/core/sampling/defaults.py); OpenAI's without one
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=1)

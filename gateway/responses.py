@@ -20,8 +20,8 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
 
-from engine.grammar_spec import GrammarSpec
-from engine.sampling import SamplingParams
+from engine.core.sampling.grammar_spec import GrammarSpec
+from engine.core.sampling.sampler import SamplingParams
 from gateway.access import prefix_cache_salt, request_principal
 from gateway.auth import Principal
 from gateway.bodies import body_openapi, parse_body

@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from engine.output import RequestOutput
+from engine.core.output import RequestOutput
 from gateway.serving import ChoiceResult
 from gateway.streaming import _visible
 from gateway.tool_calls import parse_tool_calls

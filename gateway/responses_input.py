@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import Field, field_validator
 from pydantic_core import PydanticCustomError
 
-from engine.sampling_defaults import SamplingDefaults
+from engine.core.sampling.defaults import SamplingDefaults
 from gateway.errors import APIError
 from gateway.protocol import RequestBody, ToolChoice, content_text, is_text_part
 from trajectory.template_types import Message, Role
@@ -27,7 +27,7 @@ class ResponseCreateRequest(RequestBody):
     tool_choice: ToolChoice = "auto"
     parallel_tool_calls: bool = True  # False: only the first tool call the model writes is kept
     max_output_tokens: int | None = Field(default=None, ge=1)
-    # Unset (None): the model's default (engine/sampling_defaults.py); OpenAI's without one
+    # Unset (None): the model's default (engine/core/sampling/defaults.py); OpenAI's without one
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     min_p: float | None = Field(default=None, ge=0, le=1)  # vLLM's extension

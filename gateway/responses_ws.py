@@ -22,7 +22,7 @@ from fastapi import APIRouter, WebSocket
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.websockets import WebSocketDisconnect
 
-from engine.sampling import RequestError
+from engine.core.sampling.sampler import RequestError
 from gateway.access import admit_principal, websocket_slot
 from gateway.chat import check_model
 from gateway.errors import STORE_ERRORS, APIError, from_request_error, store_unavailable, validation_error

@@ -23,8 +23,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii as encode_json_string
 
-from engine.ids import fresh_id
-from engine.tokenizer import Tokenizer
+from engine.core.ids import fresh_id
+from engine.model.tokenizer import Tokenizer
 from gateway.errors import APIError
 from gateway.session_lease import SessionBusy
 from gateway.session_store import SessionStore, StoreKey

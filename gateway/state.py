@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.async_engine import AsyncLLMEngine
-from engine.sampling_defaults import SamplingDefaults
-from engine.tokenizer import Tokenizer
+from engine.core.async_engine import AsyncLLMEngine
+from engine.core.sampling.defaults import SamplingDefaults
+from engine.model.tokenizer import Tokenizer
 from gateway.admission import AdmissionController
 from gateway.auth import KeyRing
 from gateway.load_signals import LoadSignals

@@ -14,9 +14,9 @@ from typing import Any, TypeVar
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from engine.ids import fresh_id
-from engine.output import RequestOutput
-from engine.sampling import TokenLogprob
+from engine.core.ids import fresh_id
+from engine.core.output import RequestOutput
+from engine.core.sampling.sampler import TokenLogprob
 from gateway.errors import ClientGone
 from gateway.serving import ChoiceResult, Usage
 from gateway.tool_calls import parse_tool_calls

@@ -13,9 +13,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from engine.mask import MaskedSpan, QuerySelection
-from engine.sequence import SessionRef
-from engine.tokenizer import Tokenizer
+from engine.core.sequence import SessionRef
+from engine.model.mask import MaskedSpan, QuerySelection
+from engine.model.tokenizer import Tokenizer
 from trajectory import step_timer
 from trajectory.masks import query_selection, update_masks
 from trajectory.observations import ObservationUsers, is_observation

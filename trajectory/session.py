@@ -12,7 +12,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.mask import MaskedSpan
+from engine.model.mask import MaskedSpan
 from trajectory.json_codec import dumps, loads
 from trajectory.template_incremental import RenderedTurn
 from trajectory.template_types import Message

@@ -39,8 +39,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.gguf import is_gguf_path
-from engine.gguf.tokenizer import read_gguf_chat_template
+from engine.model.gguf import is_gguf_path
+from engine.model.gguf.tokenizer import read_gguf_chat_template
 from trajectory.template_incremental import IncrementalRenderer, RenderedTurn
 from trajectory.template_jinja import JinjaChatTemplate, find_chat_template
 from trajectory.template_types import ROLES, ChatTemplate, ChatTemplateError, Message, Role, ToolSchemas

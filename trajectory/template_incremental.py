@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar, cast
 
-from engine.tokenizer import Tokenizer
+from engine.model.tokenizer import Tokenizer
 from trajectory import step_timer
 from trajectory.template_types import ChatTemplate, Message, MessageLocalTemplate, ToolSchemas
 

@@ -27,7 +27,7 @@ from agents_eval.workloads.context import ContextFit
 from agents_eval.workloads.synthetic import token_text
 from agents_eval.workloads.text import TokenText, cut_words
 from agents_eval.workloads.types import ACT, APPEND, THINK, SessionScript, Turn, Workload
-from engine.tokenizer import Tokenizer
+from engine.model.tokenizer import Tokenizer
 from predictor.traces import DEFAULT_TRACE, TraceRequest, load_trace, sessions_and_reuse
 
 THINK_INPUT_PER_OUTPUT = 4  # a turn is "think" when its new tokens are at least this many times its output

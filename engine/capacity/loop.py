@@ -17,7 +17,7 @@ from engine.capacity.events import EventLog, JsonValue
 from engine.capacity.policy import CapacityPolicy, Decision
 from engine.capacity.settings import CapacitySettings
 from engine.capacity.signals import DECODE, PREFILL, LoadSnapshot, RoutedPrefills, Shift, WorkerLoad, role_figures
-from engine.stats import AgentSignals, EngineStats, ema, mean_line
+from engine.core.stats import AgentSignals, EngineStats, ema, mean_line
 
 log = logging.getLogger(__name__)
 SetRole = Callable[[int, str], None]

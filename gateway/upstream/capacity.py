@@ -20,7 +20,7 @@ from engine.capacity.events import JsonValue
 from engine.capacity.loop import CapacityLoop
 from engine.capacity.settings import CapacitySettings
 from engine.capacity.signals import ROLES, LoadSnapshot, Shift, WorkerLoad
-from engine.stats import EngineStats
+from engine.core.stats import EngineStats
 from gateway.upstream.pool import Replica, UpstreamPool
 
 OnEngineThread = Callable[[Callable[[object], object]], None]  # AsyncLLMEngine.call

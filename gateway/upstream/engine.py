@@ -22,14 +22,14 @@ from typing import TypeVar
 
 import httpx
 
-from engine.async_engine import AsyncLLMEngine
 from engine.capacity.settings import CapacitySettings
-from engine.ids import fresh_id
-from engine.mask import MaskedSpan, QuerySelection
-from engine.output import RequestOutput
-from engine.requests import Prompt
-from engine.sampling import SamplingParams
-from engine.sequence import SessionRef
+from engine.core.async_engine import AsyncLLMEngine
+from engine.core.ids import fresh_id
+from engine.core.output import RequestOutput
+from engine.core.sampling.sampler import SamplingParams
+from engine.core.sequence import SessionRef
+from engine.core.validation import Prompt
+from engine.model.mask import MaskedSpan, QuerySelection
 from gateway.errors import APIError
 from gateway.upstream.capacity import UpstreamCapacity
 from gateway.upstream.client import Delta, UpstreamFailed, stream_deltas

@@ -12,9 +12,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from engine.grammar_spec import GrammarSpec
-from engine.sampling import SamplingParams
-from engine.tokenizer import Tokenizer
+from engine.core.sampling.grammar_spec import GrammarSpec
+from engine.core.sampling.sampler import SamplingParams
+from engine.model.tokenizer import Tokenizer
 from gateway.session_store import StoreKey
 from gateway.sessions import SessionManager, SessionTurn
 from trajectory.template_types import Message, ToolSchemas

@@ -13,7 +13,7 @@ from agents_eval.bench.capacity.bench import _rank, goal, moves_per_window, p99,
 from agents_eval.bench.capacity.swing import RunResult, SwingWorkload, _Live, _record
 from agentserve.cli import main
 from engine.capacity.signals import AdmittedWork
-from engine.output import RequestOutput
+from engine.core.output import RequestOutput
 from gateway.admission import AdmissionController
 
 

@@ -16,8 +16,8 @@ from agents_eval.bench.quality.answers import mentions
 from agents_eval.bench.quality.scoring import token_agreement
 from agents_eval.bench.quality.transcripts import Transcript, generate_transcripts
 from agentserve.cli import EXIT_BAD_INPUT, main
-from engine.loader import builtin_gguf, load_tokenizer
-from engine.tokenizer import Tokenizer
+from engine.model.loader import builtin_gguf, load_tokenizer
+from engine.model.tokenizer import Tokenizer
 from trajectory.pruning import PruningConfig, prune
 from trajectory.settings import TrajectorySettings
 

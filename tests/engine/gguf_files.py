@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType as QType
 from gguf import GGUFWriter
 from gguf.quants import quantize
 
-from engine.gguf.reader import GLOBAL_NAMES, LAYER_NAMES
+from engine.model.gguf.reader import GLOBAL_NAMES, LAYER_NAMES
 
 HIDDEN, INTERMEDIATE, LAYERS, HEADS, KV_HEADS, VOCAB, CONTEXT = 256, 512, 2, 4, 2, 320, 256
 QUANTIZABLE = (QType.F32, QType.F16, QType.BF16, QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q5_0)

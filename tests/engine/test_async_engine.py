@@ -6,11 +6,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine.async_engine import AsyncLLMEngine, EngineDeadError
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from engine.sampling import RequestError, SamplingParams
-from engine.sequence import SessionRef
+from engine.core.async_engine import AsyncLLMEngine, EngineDeadError
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling.sampler import RequestError, SamplingParams
+from engine.core.sequence import SessionRef
 from tests.conftest import wait_for_async
 
 

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from engine.batcher import FcfsPolicy, PolicyName, QueuePolicy, SloPolicy
-from engine.block_manager import KVCacheManager
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from engine.sampling import RequestError, SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence, SessionRef
-from engine.slo import Fairness, SloClass, SloConfig, load_slo_config
+from engine.core.llm_engine import LLMEngine
+from engine.core.queue_policy import FcfsPolicy, PolicyName, QueuePolicy, SloPolicy
+from engine.core.sampling.sampler import RequestError, SamplingParams
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Sequence, SessionRef
+from engine.core.slo import Fairness, SloClass, SloConfig, load_slo_config
+from engine.kv_cache.manager import KVCacheManager
 
 CONFIG = SloConfig(
     default_class="normal",
@@ -144,7 +144,8 @@ def test_shipped_config_and_unknown_class_falls_back_to_default(tmp_path: Path) 
 
 
 def test_policy_modules_import_no_torch() -> None:
-    code = "import sys; import engine.batcher, engine.slo; assert 'torch' not in sys.modules, 'torch imported'"
+    code = ("import sys; import engine.core.queue_policy, engine.core.slo; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 

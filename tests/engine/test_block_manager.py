@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from engine.block_manager import KVCacheBlocks, KVCacheManager, hash_block_tokens
+from engine.kv_cache.manager import KVCacheBlocks, KVCacheManager, hash_block_tokens
 
 BLOCK_SIZE = 4
 
@@ -102,7 +102,7 @@ def run_python(code: str, hash_seed: str) -> str:
 
 def test_hash_matches_across_processes_and_torch_is_never_imported() -> None:
     code = (
-        "import sys; from engine.block_manager import hash_block_tokens as h; "
+        "import sys; from engine.kv_cache.manager import hash_block_tokens as h; "
         "print(h(None, [1, 2, 3, 4], ('x',)), 'torch' in sys.modules)"
     )
     expected = f"{hash_block_tokens(None, [1, 2, 3, 4], ('x',))} False"

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from engine.mask import MaskedSpan, QuerySelection, spans_skipping_blocks
-from engine.sampling import SamplingParams
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling.sampler import SamplingParams
+from engine.model.mask import MaskedSpan, QuerySelection, spans_skipping_blocks
 from tests.engine.test_masks import hf_masked_logits
 
 BLOCK = 8

@@ -10,12 +10,12 @@ import pytest
 
 from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from engine.sampling import SamplingParams
-from engine.stats import AgentSignals
-from engine.worker import messages as m
-from engine.worker.coordinator import DisaggregatedEngine
-from engine.worker.deployment import DeploymentSettings
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling.sampler import SamplingParams
+from engine.core.stats import AgentSignals
+from engine.workers import messages as m
+from engine.workers.coordinator.worker_engine import DisaggregatedEngine
+from engine.workers.deployment import DeploymentSettings
 
 pytestmark = pytest.mark.slow
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from engine.sampling import SamplingParams
-from engine.worker.coordinator import DisaggregatedEngine
-from engine.worker.deployment import DeploymentSettings
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling.sampler import SamplingParams
+from engine.workers.coordinator.worker_engine import DisaggregatedEngine
+from engine.workers.deployment import DeploymentSettings
 from tests.engine.test_disaggregated import ALWAYS_REMOTE, GREEDY, PROMPTS, SAMPLED, SETTINGS
 from tests.engine.test_engine_parity import STEPS, check_against_hf, prompts
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import attention
-from engine.attention import AttentionMetadata, DecodeBatch, QuerySpan, paged_attention, span_mask
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from engine.sampling import SamplingParams
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling.sampler import SamplingParams
+from engine.model.attention import AttentionMetadata, DecodeBatch, QuerySpan, paged_attention, span_mask
+from engine.model import attention
 from tests.engine.test_engine_parity import STEPS, check_against_hf, prompts
 
 HEADS, KV_HEADS, HEAD_DIM, SLOTS = 8, 2, 16, 256

@@ -8,11 +8,11 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as QType
 
-from engine.attention import AttentionMetadata, QuerySpan, new_kv_cache, paged_attention
 from engine.config import ModelConfig
-from engine.gguf.quantized import Int4Linear
-from engine.gguf.reader import GGUFTensor
-from engine.model import apply_rope, rope_inv_freq, rope_tables
+from engine.model.attention import AttentionMetadata, QuerySpan, new_kv_cache, paged_attention
+from engine.model.gguf.quantized import Int4Linear
+from engine.model.gguf.reader import GGUFTensor
+from engine.model.llama import apply_rope, rope_inv_freq, rope_tables
 from tests.engine.gguf_files import encode
 
 CONFIG = ModelConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,

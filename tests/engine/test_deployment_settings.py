@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from engine.worker.deployment import DeploymentSettings
+from engine.workers.deployment import DeploymentSettings
 
 DEPLOYMENTS = sorted((Path(__file__).parents[2] / "configs" / "deployments").glob("*.yaml"))
 
@@ -49,7 +49,7 @@ def test_worker_nice_is_refused_outside_what_an_unprivileged_process_may_add(nic
 def test_a_worker_runs_the_deployments_threads_not_the_engines(threads_per_worker: int | None) -> None:
     """AGENTSERVE_ENGINE_NUM_THREADS is the colocated engine's; each worker process takes threads_per_worker."""
     from engine.config import EngineSettings
-    from engine.worker.worker import WorkerSpec
+    from engine.workers.worker.process import WorkerSpec
 
     engine = EngineSettings(num_threads=2)
     spec = WorkerSpec(0, "tiny", engine, "shm", "decode", threads_per_worker, kv_timeout_s=5.0)

@@ -14,11 +14,11 @@ import pytest
 
 from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
-from engine.llm_engine import Completion, LLMEngine
-from engine.mask import QuerySelection
-from engine.sampling import RequestError, SamplingParams
-from engine.worker.coordinator import DisaggregatedEngine
-from engine.worker.deployment import DeploymentSettings
+from engine.core.llm_engine import Completion, LLMEngine
+from engine.core.sampling.sampler import RequestError, SamplingParams
+from engine.model.mask import QuerySelection
+from engine.workers.coordinator.worker_engine import DisaggregatedEngine
+from engine.workers.deployment import DeploymentSettings
 from tests.conftest import cpu_ticks, settle
 
 pytestmark = pytest.mark.slow

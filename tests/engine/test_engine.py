@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from engine.sampling import RequestError, SamplingParams
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling.sampler import RequestError, SamplingParams
 
 
 @pytest.fixture(scope="module")

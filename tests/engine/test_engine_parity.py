@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from engine.config import EngineSettings
-from engine.llm_engine import Completion, LLMEngine
-from engine.sampling import SamplingParams
+from engine.core.llm_engine import Completion, LLMEngine
+from engine.core.sampling.sampler import SamplingParams
 
 PROMPT_LENGTHS = [5, 17, 33, 64, 3, 100, 48, 20]
 STEPS = 32

@@ -11,13 +11,13 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from engine.async_engine import AsyncLLMEngine, EngineDeadError
 from engine.config import EngineSettings
-from engine.llm_engine import Completion, LLMEngine
-from engine.sampling import SamplingParams
-from engine.sequence import SessionRef
-from engine.worker.coordinator import DisaggregatedEngine, colocated_engine
-from engine.worker.deployment import DeploymentSettings
+from engine.core.async_engine import AsyncLLMEngine, EngineDeadError
+from engine.core.llm_engine import Completion, LLMEngine
+from engine.core.sampling.sampler import SamplingParams
+from engine.core.sequence import SessionRef
+from engine.workers.coordinator.worker_engine import DisaggregatedEngine, colocated_engine
+from engine.workers.deployment import DeploymentSettings
 from tests.conftest import cpu_ticks, settle, wait_for_async
 
 pytestmark = pytest.mark.slow

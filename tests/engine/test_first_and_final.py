@@ -8,9 +8,9 @@ import pytest
 from pydantic import ValidationError
 
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from engine.output import RequestOutput
-from engine.sampling import SamplingParams
+from engine.core.llm_engine import LLMEngine
+from engine.core.output import RequestOutput
+from engine.core.sampling.sampler import SamplingParams
 
 PARAMS = SamplingParams(temperature=0, max_tokens=9, ignore_eos=True, logprobs=2, return_logits=True)
 

@@ -15,12 +15,12 @@ from gguf import GGMLQuantizationType as QType
 from gguf.quants import dequantize as reference_dequantize
 
 from engine.config import EngineSettings
-from engine.gguf.blocks import SUPPORTED_TYPES, dequantize
-from engine.gguf.quantized import Int4Linear, Int8Linear
-from engine.gguf.reader import GGUFTensor, read_gguf, unpermute_rows
-from engine.llm_engine import LLMEngine
-from engine.loader import ModelLoadError, load_model
-from engine.sampling import SamplingParams
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling.sampler import SamplingParams
+from engine.model.gguf.blocks import SUPPORTED_TYPES, dequantize
+from engine.model.gguf.quantized import Int4Linear, Int8Linear
+from engine.model.gguf.reader import GGUFTensor, read_gguf, unpermute_rows
+from engine.model.loader import ModelLoadError, load_model
 from tests.engine.gguf_files import HEADS, QUANTIZABLE, encode, permute, random_blocks, write_gguf
 from tests.engine.test_engine_parity import STEPS, check_against_hf, prompts
 

@@ -10,9 +10,9 @@ import torch
 import transformers
 
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from engine.loader import builtin_gguf
-from engine.sampling import SamplingParams
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling.sampler import SamplingParams
+from engine.model.loader import builtin_gguf
 from tests.engine.test_engine_parity import STEPS, check_against_hf, hf_greedy
 
 pytestmark = pytest.mark.slow

@@ -18,10 +18,10 @@ import transformers
 import yaml
 from tokenizers import models, pre_tokenizers, trainers
 
-from engine.gguf.package import PackagedGGUF
-from engine.gguf.tokenizer import PRE_TOKENIZERS, GGUFTokenizerError, build_gguf_tokenizer, read_gguf_vocab
-from engine.loader import load_tokenizer
-from engine.tokenizer import BUILTIN_MODEL, HFTokenizer, Tokenizer
+from engine.model.gguf.package import PackagedGGUF
+from engine.model.gguf.tokenizer import PRE_TOKENIZERS, GGUFTokenizerError, build_gguf_tokenizer, read_gguf_vocab
+from engine.model.loader import load_tokenizer
+from engine.model.tokenizer import BUILTIN_MODEL, HFTokenizer, Tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTROL, USER_DEFINED = 3, 4

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from engine.config import EngineSettings
-from engine.handoff import accept_handoff, read_layer, release, take_handoff
-from engine.kv_wire import KVBlock
-from engine.llm_engine import Completion, LLMEngine
-from engine.sampling import SamplingParams
+from engine.core.llm_engine import Completion, LLMEngine
+from engine.core.sampling.sampler import SamplingParams
+from engine.kv_cache.wire import KVBlock
+from engine.workers.worker.handoff import accept_handoff, read_layer, release, take_handoff
 
 PROMPTS = [[1, *range(10, 10 + n)] for n in (5, 23, 40, 3)]
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

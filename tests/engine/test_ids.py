@@ -1,10 +1,10 @@
-"""Request and reply ids (`engine.ids`): unique in a process, and not repeated by a forked child."""
+"""Request and reply ids (`engine.core.ids`): unique in a process, and not repeated by a forked child."""
 
 from __future__ import annotations
 
 import os
 
-from engine.ids import fresh_id
+from engine.core.ids import fresh_id
 
 
 def test_ids_are_unique_and_carry_their_prefix() -> None:

@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.loader import load_tokenizer
-from engine.output import IncrementalText
-from engine.tokenizer import Tokenizer
+from engine.core.output import IncrementalText
+from engine.model.loader import load_tokenizer
+from engine.model.tokenizer import Tokenizer
 from tests.engine.test_gguf_tokenizer import builtin_as_gguf_fields, smollm_path, write_gguf
 
 TOKENIZERS = ("builtin", "smollm2", "space-prefix")

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from engine.kv_wire import KVBlock, layer_runs
-from engine.sampling import SamplingParams
-from engine.worker.kv_assembly import KVAssembler
-from engine.worker.kv_stream import wire_hashes
-from engine.worker.messages import Handoff
+from engine.core.sampling.sampler import SamplingParams
+from engine.kv_cache.wire import KVBlock, layer_runs
+from engine.workers.messages import Handoff
+from engine.workers.worker.kv_assembly import KVAssembler
+from engine.workers.worker.kv_stream import wire_hashes
 
 LAYERS, BLOCK = 2, 4
 

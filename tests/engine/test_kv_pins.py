@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from engine.block_manager import KVCacheManager
-from engine.kv_pins import SessionPins
+from engine.kv_cache.manager import KVCacheManager
+from engine.kv_cache.pins import SessionPins
 
 
 def pinned(pins: SessionPins, key: str, now: float, ttl_s: float) -> None:

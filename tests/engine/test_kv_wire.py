@@ -10,8 +10,8 @@ import numpy
 import pytest
 import torch
 
-from engine.block_manager import hash_block_tokens
-from engine.kv_wire import (
+from engine.kv_cache.manager import hash_block_tokens
+from engine.kv_cache.wire import (
     ALIGNMENT,
     CHECKSUM_STRIDE,
     CHECKSUMS,

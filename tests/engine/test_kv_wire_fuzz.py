@@ -14,7 +14,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.kv_wire import (
+from engine.kv_cache.wire import (
     CHECKSUMS,
     CODE_DTYPES,
     HEADER_SIZE,

@@ -1,4 +1,4 @@
-"""engine.loader: built-in random-weight models, checkpoint quirks, and one-line errors."""
+"""engine.model.loader: built-in random-weight models, checkpoint quirks, and one-line errors."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.loader import ModelLoadError, builtin_model_names, load_model
+from engine.model.loader import ModelLoadError, builtin_model_names, load_model
 
 WEIGHTS = "model.safetensors"
 

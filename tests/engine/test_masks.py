@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.attention import span_mask
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from engine.mask import MaskedSpan, block_keys
-from engine.model_runner import _attended
-from engine.sampling import SamplingParams
-from engine.sequence import Sequence
-from engine.worker.kv_stream import wire_hashes
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling.sampler import SamplingParams
+from engine.core.sequence import Sequence
+from engine.model.attention import span_mask
+from engine.model.mask import MaskedSpan, block_keys
+from engine.model.runner import _attended
+from engine.workers.worker.kv_stream import wire_hashes
 
 PROMPT_LEN = 40
 STEPS = 6

@@ -1,4 +1,4 @@
-"""Parity of engine.model with Hugging Face `transformers` on one checkpoint, through the paged KV cache."""
+"""Parity of engine.model.llama with Hugging Face `transformers` on one checkpoint, through the paged KV cache."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from engine.attention import AttentionMetadata, QuerySpan, causal_mask, new_kv_cache
-from engine.loader import load_model
-from engine.model import LlamaForCausalLM
+from engine.model.attention import AttentionMetadata, QuerySpan, causal_mask, new_kv_cache
+from engine.model.llama import LlamaForCausalLM
+from engine.model.loader import load_model
 
 BLOCK_SIZE = 4
 NUM_SLOTS = 64 * BLOCK_SIZE

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from engine.sampling import SamplingParams
-from engine.worker import messages as m
-from engine.worker.handles import WorkerHandle, stop_workers
-from engine.worker.outbox import Outbox
+from engine.core.sampling.sampler import SamplingParams
+from engine.workers import messages as m
+from engine.workers.coordinator.handles import WorkerHandle, stop_workers
+from engine.workers.coordinator.outbox import Outbox
 
 BIG = 300_000  # prompt tokens: about 1.5 MB pickled, several times a socket buffer
 

@@ -11,7 +11,7 @@ import yaml
 from pydantic import ValidationError
 
 from engine.config import CONFIGS_DIR
-from engine.qos import CONFIG_ENV, QosConfig, add_qos_arguments, load_qos_config, main_qos, render_opensm_qos
+from engine.transport.qos import CONFIG_ENV, QosConfig, add_qos_arguments, load_qos_config, main_qos, render_opensm_qos
 
 OPENSM_LINES = [
     "qos TRUE",

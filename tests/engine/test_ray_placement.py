@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from engine.llm_engine import LLMEngine
-from engine.sampling import SamplingParams
-from engine.worker import messages as m
-from engine.worker.coordinator import DisaggregatedEngine
-from engine.worker.deployment import DeploymentSettings, RaySettings
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling.sampler import SamplingParams
+from engine.workers import messages as m
+from engine.workers.coordinator.worker_engine import DisaggregatedEngine
+from engine.workers.deployment import DeploymentSettings, RaySettings
 from tests.engine.test_disaggregated import ALWAYS_REMOTE, GREEDY, PROMPTS, SAMPLED, SETTINGS
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'agentserve[ray]')")

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.sampling import RequestError, Sampler, SamplingParams
+from engine.core.sampling.sampler import RequestError, Sampler, SamplingParams
 
 
 def random_logits(rows: int = 1, vocab: int = 50, seed: int = 0) -> torch.Tensor:

@@ -8,7 +8,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.sampling import RequestError, Sampler, SamplingParams
+from engine.core.sampling.sampler import RequestError, Sampler, SamplingParams
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 LOGITS = st.lists(st.floats(-1e4, 1e4, width=32), min_size=1, max_size=64)

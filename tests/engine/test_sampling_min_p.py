@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from engine.config import EngineSettings
-from engine.sampling import RequestError, Sampler, SamplingParams
-from engine.worker.coordinator import colocated_engine
+from engine.core.sampling.sampler import RequestError, Sampler, SamplingParams
+from engine.workers.coordinator.worker_engine import colocated_engine
 
 
 def draws(logits: torch.Tensor, params: SamplingParams, count: int) -> list[int]:

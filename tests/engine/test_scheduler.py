@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from engine.block_manager import KVCacheManager
-from engine.sampling import SamplingParams
-from engine.scheduler import ScheduledBatch, Scheduler
-from engine.sequence import Sequence, SequenceStatus
+from engine.core.sampling.sampler import SamplingParams
+from engine.core.scheduler import ScheduledBatch, Scheduler
+from engine.core.sequence import Sequence, SequenceStatus
+from engine.kv_cache.manager import KVCacheManager
 
 
 def next_token(seq: Sequence) -> int:

@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from engine.worker.session_homes import SessionHomes
+from engine.workers.coordinator.session_homes import SessionHomes
 
 
 def test_the_home_holds_the_common_prefix_in_whole_blocks() -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 
 from engine.config import EngineSettings
-from engine.llm_engine import Completion, LLMEngine
-from engine.sampling import SamplingParams
-from engine.sequence import SessionRef
+from engine.core.llm_engine import Completion, LLMEngine
+from engine.core.sampling.sampler import SamplingParams
+from engine.core.sequence import SessionRef
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 

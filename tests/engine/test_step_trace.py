@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from engine.sampling import SamplingParams
-from engine.step_trace import read_steps
-from engine.worker.coordinator import colocated_engine
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling.sampler import SamplingParams
+from engine.core.step_trace import read_steps
+from engine.workers.coordinator.worker_engine import colocated_engine
 
 SETTINGS = dict(num_kv_blocks=128, block_size=8, max_num_batched_tokens=16)
 PROMPTS = [[1, *range(30, 30 + n)] for n in (5, 21)]

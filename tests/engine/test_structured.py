@@ -9,10 +9,10 @@ import re
 import pytest
 
 from engine.config import EngineSettings
-from engine.grammar import GrammarError, json_schema_spec
-from engine.grammar_spec import GrammarSpec
-from engine.llm_engine import LLMEngine
-from engine.sampling import RequestError, SamplingParams
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling.grammar import GrammarError, json_schema_spec
+from engine.core.sampling.grammar_spec import GrammarSpec
+from engine.core.sampling.sampler import RequestError, SamplingParams
 
 SCHEMA = {"type": "object", "properties": {
     "ok": {"type": "boolean"},

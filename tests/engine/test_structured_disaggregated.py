@@ -10,10 +10,10 @@ import pytest
 
 from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
-from engine.llm_engine import Completion, LLMEngine
-from engine.sampling import SamplingParams
-from engine.worker.coordinator import DisaggregatedEngine
-from engine.worker.deployment import DeploymentSettings
+from engine.core.llm_engine import Completion, LLMEngine
+from engine.core.sampling.sampler import SamplingParams
+from engine.workers.coordinator.worker_engine import DisaggregatedEngine
+from engine.workers.deployment import DeploymentSettings
 from tests.engine.test_disaggregated import kill_worker
 from tests.engine.test_structured import PROMPTS, constrained, is_valid
 

@@ -8,8 +8,8 @@ import pytest
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from engine.loader import load_tokenizer
-from engine.tokenizer import BUILTIN_MODEL, Tokenizer, TokenizerNotFoundError
+from engine.model.loader import load_tokenizer
+from engine.model.tokenizer import BUILTIN_MODEL, Tokenizer, TokenizerNotFoundError
 
 TRAIN_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train_tokenizer.py"
 

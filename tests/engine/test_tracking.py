@@ -1,4 +1,4 @@
-"""The coordinator's view of a request's outputs (`engine.worker.tracking.Tracked.relay`)."""
+"""The coordinator's view of a request's outputs (`engine.workers.coordinator.tracking.Tracked.relay`)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import dataclasses
 
 import torch
 
-from engine.output import RequestOutput
-from engine.sampling import SamplingParams, TokenLogprob
-from engine.worker.tracking import Tracked
+from engine.core.output import RequestOutput
+from engine.core.sampling.sampler import SamplingParams, TokenLogprob
+from engine.workers.coordinator.tracking import Tracked
 
 
 def _raw(finished: bool = True, finish_reason: str = "stop") -> RequestOutput:

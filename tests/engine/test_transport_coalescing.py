@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from engine.kv_wire import (
+from engine.kv_cache.wire import (
     HEADER_SIZE,
     BadChecksum,
     BadShape,

@@ -12,9 +12,10 @@ from multiprocessing.connection import Connection
 import pytest
 import torch
 
-from engine.kv_wire import BadShape, FrameHeader, KVBlock
-from engine.transport import make_transport, shm_pull
+from engine.kv_cache.wire import BadShape, FrameHeader, KVBlock
+from engine.transport import make_transport
 from engine.transport.base import KVReceiver, KVSender, Transport, TransportError, TransportSettings
+from engine.transport.shm import pull as shm_pull
 
 SETTINGS = TransportSettings(shm_ring_bytes=1 << 20, send_timeout_s=5.0)
 SHAPE = (2, 64, 2, 8)  # one layer's K and V of 64 tokens

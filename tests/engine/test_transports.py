@@ -14,7 +14,7 @@ from multiprocessing.shared_memory import SharedMemory
 import pytest
 import torch
 
-from engine.kv_wire import (
+from engine.kv_cache.wire import (
     HEADER_SIZE,
     BadChecksum,
     BadShape,
@@ -29,7 +29,7 @@ from engine.kv_wire import (
 from engine.transport import TRANSPORT_NAMES, make_transport
 from engine.transport.base import TransportError, TransportSettings
 from engine.transport.rdma import ConnectionParams, RegionLayout, aligned_buffer, imm_to_slot, slot_to_imm
-from engine.transport.tcp import TcpReceiver, TcpSender, socket_tos
+from engine.transport.tcp.transport import TcpReceiver, TcpSender, socket_tos
 from tests.engine.transport_links import Link, open_link
 
 SETTINGS = TransportSettings(shm_ring_bytes=1 << 20, frame_timeout_s=0.5, send_timeout_s=10.0)

@@ -19,9 +19,9 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from engine.async_engine import ServingEngine
 from engine.config import EngineSettings
-from engine.worker.coordinator import colocated_engine
+from engine.core.async_engine import ServingEngine
+from engine.workers.coordinator.worker_engine import colocated_engine
 from gateway.app import create_app
 from gateway.auth import hash_key
 from gateway.http_server import uvicorn_config

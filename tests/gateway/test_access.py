@@ -13,7 +13,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
+from engine.core.llm_engine import LLMEngine
 from gateway.app import create_app
 from gateway.auth import hash_key
 from gateway.session_store import session_key

@@ -11,8 +11,8 @@ import pytest
 
 from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
-from engine.worker.coordinator import DisaggregatedEngine
-from engine.worker.deployment import DeploymentSettings
+from engine.workers.coordinator.worker_engine import DisaggregatedEngine
+from engine.workers.deployment import DeploymentSettings
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port

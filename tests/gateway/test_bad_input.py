@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
+from engine.core.llm_engine import LLMEngine
 from gateway.app import create_app
 from gateway.session_store import session_key
 from gateway.settings import GatewaySettings, LimitSettings

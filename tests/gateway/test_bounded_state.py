@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
+from engine.core.llm_engine import LLMEngine
 from gateway.app import create_app
 from gateway.session_store import (
     REDIS_PREFIX,

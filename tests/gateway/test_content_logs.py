@@ -12,7 +12,7 @@ import httpx
 from websockets.sync.client import connect
 
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
+from engine.core.llm_engine import LLMEngine
 from gateway.app import create_app
 from gateway.content_log import FRAME_LOGGERS
 from gateway.settings import GatewaySettings

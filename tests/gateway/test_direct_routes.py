@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.routing import Router
 
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
+from engine.core.llm_engine import LLMEngine
 from gateway.app import create_app
 from gateway.direct import direct_endpoint, exception_handler
 from gateway.errors import APIError, ClientGone

@@ -13,9 +13,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from engine.worker.coordinator import DisaggregatedEngine, colocated_engine
-from engine.worker.deployment import DeploymentSettings
+from engine.core.llm_engine import LLMEngine
+from engine.workers.coordinator.worker_engine import DisaggregatedEngine, colocated_engine
+from engine.workers.deployment import DeploymentSettings
 from gateway.app import build_engine
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port, openai_client

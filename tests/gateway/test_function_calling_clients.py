@@ -21,7 +21,7 @@ from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, fun
 from agents import responses_websocket_session as agents_websocket_session
 
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
+from engine.core.llm_engine import LLMEngine
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port, openai_client
 from tests.gateway.conftest import running_gateway

@@ -20,7 +20,7 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_headers_conformance, response_schema_conformance
 
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
+from engine.core.llm_engine import LLMEngine
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port
 from tests.gateway.conftest import ADMIN, ADMIN_HEADERS, running_gateway

@@ -21,7 +21,7 @@ from websockets.sync.client import connect
 from websockets.sync.connection import Connection
 
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
+from engine.core.llm_engine import LLMEngine
 from gateway.app import create_app
 from gateway.auth import hash_key
 from gateway.session_store import session_key

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.loader import load_tokenizer
+from engine.model.loader import load_tokenizer
 from gateway.session_store import MemorySessionStore, session_key
 from gateway.sessions import KeptSessions, SessionManager, message_digest
 from trajectory.agent import Policies, Trajectory

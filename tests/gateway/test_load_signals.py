@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import httpx
 
-from engine.async_engine import AsyncLLMEngine
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from engine.stats import AgentSignals
+from engine.core.async_engine import AsyncLLMEngine
+from engine.core.llm_engine import LLMEngine
+from engine.core.stats import AgentSignals
 from gateway.admission import AdmissionController
 from gateway.app import create_app
 from gateway.auth import ANONYMOUS

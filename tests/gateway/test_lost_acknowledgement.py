@@ -18,7 +18,7 @@ import redis
 from websockets.sync.client import connect
 
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
+from engine.core.llm_engine import LLMEngine
 from gateway.app import create_app
 from gateway.auth import ANONYMOUS
 from gateway.session_store import REDIS_PREFIX, StoreKey, session_key

@@ -15,7 +15,7 @@ import pytest
 from websockets.sync.client import connect
 
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
+from engine.core.llm_engine import LLMEngine
 from gateway.app import create_app
 from gateway.auth import hash_key
 from gateway.settings import GatewaySettings

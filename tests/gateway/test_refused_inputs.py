@@ -14,8 +14,8 @@ import pytest
 from websockets.sync.client import connect
 
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from engine.output import RequestOutput
+from engine.core.llm_engine import LLMEngine
+from engine.core.output import RequestOutput
 from gateway.errors import APIError
 from gateway.protocol import output_budget
 from gateway.responses_events import ResponseStream

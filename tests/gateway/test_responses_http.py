@@ -12,8 +12,8 @@ import pytest
 from openai.types.responses import FunctionToolParam, ResponseIncompleteEvent
 
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from engine.output import RequestOutput
+from engine.core.llm_engine import LLMEngine
+from engine.core.output import RequestOutput
 from gateway.responses_events import ResponseStream
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port, openai_client

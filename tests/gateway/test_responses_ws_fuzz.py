@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from websockets.sync.client import connect
 
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
+from engine.core.llm_engine import LLMEngine
 from gateway.errors import APIError
 from gateway.responses_input import ResponseCreateRequest, chat_tools, input_messages
 from gateway.responses_ws import EVENT_BODIES, ClientEvent, _decode, parse_event

@@ -12,8 +12,8 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from engine.sampling_defaults import SamplingDefaults, model_sampling_defaults
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling.defaults import SamplingDefaults, model_sampling_defaults
 from gateway.protocol import ChatCompletionRequest
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port, openai_client

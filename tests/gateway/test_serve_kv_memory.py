@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.core.validation import read_model_config
 from engine.kv_cache.sizing import kv_bytes_per_block
-from engine.requests import read_model_config
 from tests.conftest import free_port
 from tests.gateway.conftest import wait_until_ready
 

@@ -11,7 +11,7 @@ import pytest
 from websockets.sync.client import connect
 
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
+from engine.core.llm_engine import LLMEngine
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port
 from tests.gateway.conftest import running_gateway

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from engine.config import EngineSettings
-from engine.worker.coordinator import colocated_engine
+from engine.workers.coordinator.worker_engine import colocated_engine
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port
 from tests.gateway.conftest import running_gateway

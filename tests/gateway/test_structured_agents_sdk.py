@@ -23,7 +23,7 @@ from agents.items import ToolCallItem, ToolCallOutputItem
 from pydantic import BaseModel, Field
 
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
+from engine.core.llm_engine import LLMEngine
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port
 from tests.gateway.conftest import running_gateway

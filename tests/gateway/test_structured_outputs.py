@@ -14,8 +14,8 @@ import openai
 import pytest
 
 from engine.config import EngineSettings
-from engine.grammar_spec import GrammarSpec
-from engine.llm_engine import LLMEngine
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling.grammar_spec import GrammarSpec
 from gateway.settings import GatewaySettings
 from gateway.structured import schema_spec, tool_call_grammar
 from gateway.upstream.request import grammar_fields

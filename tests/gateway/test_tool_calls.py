@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from engine.output import RequestOutput
+from engine.core.output import RequestOutput
 from gateway.serving import Usage
 from gateway.streaming import ChatStreamWriter
 from gateway.tool_calls import parse_tool_calls

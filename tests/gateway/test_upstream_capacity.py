@@ -17,7 +17,7 @@ import pytest
 
 from engine.capacity.settings import CapacitySettings
 from engine.capacity.signals import AdmittedWork
-from engine.stats import AgentSignals
+from engine.core.stats import AgentSignals
 from gateway.auth import ANONYMOUS
 from gateway.session_store import session_key
 from gateway.settings import GatewaySettings

@@ -8,9 +8,9 @@ import random
 import pytest
 
 from engine.config import EngineSettings
-from engine.llm_engine import Completion, LLMEngine
-from engine.loader import load_tokenizer
-from engine.sampling import SamplingParams
+from engine.core.llm_engine import Completion, LLMEngine
+from engine.core.sampling.sampler import SamplingParams
+from engine.model.loader import load_tokenizer
 from gateway.session_store import RedisSessionStore, session_key
 from trajectory.agent import Policies, Trajectory, TurnPlan
 from trajectory.phase import Phase

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.loader import load_tokenizer
-from engine.tokenizer import Tokenizer
+from engine.model.loader import load_tokenizer
+from engine.model.tokenizer import Tokenizer
 from tests.engine.test_gguf_tokenizer import smollm_path, smollm_reference, transformers_digit_bug, write_gguf
 from trajectory.template import (
     DefaultChatTemplate,

@@ -7,10 +7,10 @@ import random
 import pytest
 
 from engine.config import EngineSettings
-from engine.llm_engine import Completion, LLMEngine
-from engine.loader import load_tokenizer
-from engine.mask import QuerySelection
-from engine.sampling import SamplingParams
+from engine.core.llm_engine import Completion, LLMEngine
+from engine.core.sampling.sampler import SamplingParams
+from engine.model.loader import load_tokenizer
+from engine.model.mask import QuerySelection
 from trajectory.agent import Policies, Trajectory, TurnPlan
 from trajectory.template import DefaultChatTemplate
 from trajectory.template_types import Message

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.loader import load_tokenizer
-from engine.tokenizer import Tokenizer
+from engine.model.loader import load_tokenizer
+from engine.model.tokenizer import Tokenizer
 from trajectory.template import DefaultChatTemplate, IncrementalRenderer
 from trajectory.template_types import ROLES, Message, ToolSchemas
 from trajectory.tokenizer_cache import MAX_CHARS, CachingTokenizer

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.loader import load_tokenizer
+from engine.model.loader import load_tokenizer
 from trajectory.agent import Policies, Trajectory
 from trajectory.observations import is_observation, observation_users
 from trajectory.pruning import PruningConfig

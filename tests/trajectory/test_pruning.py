@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from engine.loader import load_tokenizer
+from engine.model.loader import load_tokenizer
 from trajectory.pruning import PruneResult, PruningConfig, prune
 
 CONFIG = PruningConfig.load()

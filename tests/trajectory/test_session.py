@@ -5,7 +5,7 @@ import zlib
 
 import pytest
 
-from engine.mask import MaskedSpan
+from engine.model.mask import MaskedSpan
 from trajectory.masks import update_masks
 from trajectory.session import SessionState, ToolGap, TurnRecord
 from trajectory.settings import MaskSettings, TrajectorySettings

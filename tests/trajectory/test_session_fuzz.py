@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.mask import MaskedSpan
+from engine.model.mask import MaskedSpan
 from trajectory.session import SessionState, ToolGap, TurnRecord
 from trajectory.template_incremental import RenderedTurn
 from trajectory.template_types import ROLES, Message

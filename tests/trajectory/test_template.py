@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from tokenizers import decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from engine.loader import load_tokenizer
-from engine.tokenizer import HFTokenizer, Tokenizer
+from engine.model.loader import load_tokenizer
+from engine.model.tokenizer import HFTokenizer, Tokenizer
 from trajectory.template import (
     ROLES,
     ChatTemplate,

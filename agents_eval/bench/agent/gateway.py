@@ -28,7 +28,7 @@ import httpx
 from agents_eval.bench.agent.metrics import parse_metrics
 
 if TYPE_CHECKING:
-    from engine.worker.deployment import DeploymentSettings
+    from engine.workers.deployment import DeploymentSettings
 
 READY_TIMEOUT_S = 300.0  # disaggregated workers load the model in their own processes
 STOP_TIMEOUT_S = 60.0
@@ -57,7 +57,7 @@ def deployment_workers(user_env: Mapping[str, str]) -> int:
 
 def _deployment(user_env: Mapping[str, str]) -> DeploymentSettings:
     """configs/deployment.yaml with the user's overrides of the split and the threads."""
-    from engine.worker.deployment import DeploymentSettings
+    from engine.workers.deployment import DeploymentSettings
 
     keys = {"prefill", "decode", "threads_per_worker"}
     prefix = "AGENTSERVE_DEPLOYMENT_"

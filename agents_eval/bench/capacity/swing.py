@@ -17,11 +17,11 @@ from typing import Any
 
 from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
-from engine.output import RequestOutput
-from engine.sampling import SamplingParams
-from engine.stats import AgentSignals
-from engine.worker.coordinator import DisaggregatedEngine
-from engine.worker.deployment import DeploymentSettings
+from engine.core.output import RequestOutput
+from engine.core.sampling.sampler import SamplingParams
+from engine.core.stats import AgentSignals
+from engine.workers.coordinator.worker_engine import DisaggregatedEngine
+from engine.workers.deployment import DeploymentSettings
 from gateway.admission import AdmissionController
 from gateway.load_signals import SHIFT_PHASE
 from trajectory.phase import PhaseConfig, PhaseShiftEvent, TurnFeatures, classify_turn

@@ -10,9 +10,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.sampling import SamplingParams
-from engine.worker import messages as m
-from engine.worker.coordinator import DisaggregatedEngine
+from engine.core.sampling.sampler import SamplingParams
+from engine.workers import messages as m
+from engine.workers.coordinator.worker_engine import DisaggregatedEngine
 
 SWITCH_TIMEOUT_S = 10.0
 BUSY_TIMEOUT_S = 30.0  # to get every worker busy before a swap

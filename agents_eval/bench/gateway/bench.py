@@ -28,10 +28,10 @@ from agents_eval.bench.gateway.overhead import measure_overhead
 from agents_eval.bench.gateway.server import RunningGateway, running_gateway
 from agents_eval.bench.gateway.session import Session, make_session, run_sessions, session_tokens
 from agents_eval.report import ReportFiles, check_settings, machine_info, write_report
-from engine.async_engine import ServingEngine
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from engine.worker.coordinator import DisaggregatedEngine, colocated_engine
+from engine.core.async_engine import ServingEngine
+from engine.core.llm_engine import LLMEngine
+from engine.workers.coordinator.worker_engine import DisaggregatedEngine, colocated_engine
 from gateway.settings import GatewaySettings
 from trajectory.template import load_chat_template
 

@@ -20,10 +20,10 @@ import httpx
 import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.async_engine import AsyncLLMEngine, ServingEngine
+from engine.core.async_engine import AsyncLLMEngine, ServingEngine
+from engine.core.llm_engine import LLMEngine
 from engine.gc_heap import heap_frozen
-from engine.llm_engine import LLMEngine
-from engine.worker.coordinator import DisaggregatedEngine
+from engine.workers.coordinator.worker_engine import DisaggregatedEngine
 from gateway.app import create_app
 from gateway.http_server import uvicorn_config
 from gateway.settings import GatewaySettings

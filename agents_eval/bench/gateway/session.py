@@ -14,7 +14,7 @@ import random
 from dataclasses import dataclass
 
 from agents_eval.bench.gateway.client import CHAT, WS, ClientProcess
-from engine.tokenizer import Tokenizer
+from engine.model.tokenizer import Tokenizer
 from trajectory.template_types import ChatTemplate, Message
 
 SYSTEM_PROMPT = "You are agent {nonce}, a coding agent. Call one tool per turn and read its output carefully."

@@ -9,9 +9,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agents_eval.bench.structured.tasks import TOOLS, AgentTask, SchemaTask
-from engine.grammar_spec import GrammarCounters, GrammarSpec
-from engine.llm_engine import Completion, LLMEngine
-from engine.sampling import SamplingParams
+from engine.core.llm_engine import Completion, LLMEngine
+from engine.core.sampling.grammar_spec import GrammarCounters, GrammarSpec
+from engine.core.sampling.sampler import SamplingParams
 from gateway.structured import schema_spec, tool_call_grammar
 from gateway.tool_calls import parse_tool_calls
 from trajectory.template import load_chat_template

@@ -18,7 +18,7 @@ from agents_eval.workloads.sharegpt import (
     QUANTILE_LEVELS,
 )
 from agentserve.cli import main
-from engine.slo import SloClass
+from engine.core.slo import SloClass
 
 
 def test_lengths_follow_the_stated_statistics() -> None:

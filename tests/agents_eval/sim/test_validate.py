@@ -24,10 +24,10 @@ from agents_eval.sim.validate import (
 )
 from agents_eval.sim.workload import SimSession, SimTurn
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from engine.output import RequestOutput
-from engine.worker.coordinator import DisaggregatedEngine
-from engine.worker.deployment import DeploymentSettings
+from engine.core.llm_engine import LLMEngine
+from engine.core.output import RequestOutput
+from engine.workers.coordinator.worker_engine import DisaggregatedEngine
+from engine.workers.deployment import DeploymentSettings
 
 
 def test_warm_up_runs_every_prompt_and_empties_the_prefix_cache() -> None:

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from engine.config import EngineSettings
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling.sampler import SamplingParams
+from engine.core.validation import read_model_config
 from engine.kv_cache.sizing import kv_bytes_per_block, size_kv_cache, weight_bytes
-from engine.llm_engine import LLMEngine
-from engine.requests import read_model_config
-from engine.sampling import SamplingParams
-from engine.worker.coordinator import DisaggregatedEngine
-from engine.worker.deployment import DeploymentSettings
+from engine.workers.coordinator.worker_engine import DisaggregatedEngine
+from engine.workers.deployment import DeploymentSettings
 
 FRACTION = 0.002  # of the available RAM: tens of MiB, small enough for a test
 

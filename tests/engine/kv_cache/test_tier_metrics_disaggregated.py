@@ -13,10 +13,10 @@ from rich.console import Console
 
 from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
+from engine.core.sampling.sampler import SamplingParams
 from engine.kv_cache.settings import KVCacheSettings
-from engine.sampling import SamplingParams
-from engine.worker.coordinator import DisaggregatedEngine
-from engine.worker.deployment import DeploymentSettings
+from engine.workers.coordinator.worker_engine import DisaggregatedEngine
+from engine.workers.deployment import DeploymentSettings
 from gateway.app import create_app
 from gateway.metrics import PREFIX
 from gateway.monitor import Scrape, kv_tiers, parse_metrics, render

@@ -1,0 +1,1 @@
+"""engine.kv_cache.tiers.chain."""

@@ -1,0 +1,1 @@
+"""engine.transport.shm.transport."""
