@@ -60,7 +60,7 @@ def _run_serve(args: argparse.Namespace) -> None:
             os.environ.pop(variable, None)
         os.environ.update(args.kv_cache_memory)
     overrides = {k: v for k, v in (("model", args.model), ("host", args.host), ("port", args.port)) if v}
-    from gateway.serve import serve
+    from gateway.server.serve import serve
 
     serve(GatewaySettings(**overrides))
 

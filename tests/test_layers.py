@@ -11,6 +11,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("agentserve", "engine", "predictor", "trajectory", "gateway", "agents_eval")
 MAX_MODULES_PER_ROOT = 12
+# Folders still over the limit, each at most its present count, until their owners split them: the simulator
+# (with its own import circle's change) and the agent benchmark.
+CROWDED = {"agents_eval/sim": 22, "agents_eval/bench/agent": 18}
 ALLOWED = {  # package: the other project packages it may import
     "engine": set(),
     "predictor": set(),
@@ -99,10 +102,12 @@ def test_imports_go_down_the_layers(package: str) -> None:
 
 
 def test_no_package_root_holds_more_than_twelve_modules() -> None:
+    """`__init__.py` aside; a folder that needs more splits by concern into subpackages."""
     crowded = {}
     for package in PACKAGES:
         for folder in [ROOT / package, *(p.parent for p in (ROOT / package).rglob("*/__init__.py"))]:
             modules = [p for p in folder.glob("*.py") if p.name != "__init__.py"]
-            if len(modules) > MAX_MODULES_PER_ROOT:
-                crowded[str(folder.relative_to(ROOT))] = len(modules)
+            name = folder.relative_to(ROOT).as_posix()
+            if len(modules) > CROWDED.get(name, MAX_MODULES_PER_ROOT):
+                crowded[name] = len(modules)
     assert not crowded, crowded

@@ -1,1 +1,1 @@
-"""engine.core."""
+"""The engine loop: scheduler, queue policy, sequences, outputs, request validation, stats and sampling."""

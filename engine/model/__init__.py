@@ -1,1 +1,1 @@
-"""engine.model.llama."""
+"""The model: Llama/Qwen2 in plain torch, attention (block-sparse too), masks, loading, the runner, tokenizers, GGUF."""

@@ -15,9 +15,9 @@ from typing import Any
 from engine.core.sampling.grammar_spec import GrammarSpec
 from engine.core.sampling.sampler import SamplingParams
 from engine.model.tokenizer import Tokenizer
-from gateway.session_store import StoreKey
-from gateway.sessions import SessionManager, SessionTurn
-from trajectory.template_types import Message, ToolSchemas
+from gateway.sessions.manager import SessionManager, SessionTurn
+from gateway.sessions.store import StoreKey
+from trajectory.template.types import Message, ToolSchemas
 
 current_turn: ContextVar[SessionTurn | None] = ContextVar("agentserve_upstream_turn", default=None)
 

@@ -18,7 +18,7 @@ from agents_eval.bench.quality.transcripts import Transcript, generate_transcrip
 from agentserve.cli import EXIT_BAD_INPUT, main
 from engine.model.loader import builtin_gguf, load_tokenizer
 from engine.model.tokenizer import Tokenizer
-from trajectory.pruning import PruningConfig, prune
+from trajectory.pruning.prune import PruningConfig, prune
 from trajectory.settings import TrajectorySettings
 
 VARIANTS = ("full", "pruned", "masked", "pruned+masked", "dropped")

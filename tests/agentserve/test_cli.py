@@ -92,7 +92,7 @@ def test_sigterm_runs_finally_blocks(tmp_path: Path) -> None:
 def test_serve_imports_no_benchmark_and_no_matplotlib() -> None:
     """`agentserve serve` builds its parser and imports the gateway's server without any module of agents_eval."""
     script = ("import sys\nfrom agentserve.cli import build_parser\nargv = ['serve', '--port', '1']\n"
-              "build_parser(argv).parse_args(argv)\nimport gateway.serve\n"
+              "build_parser(argv).parse_args(argv)\nimport gateway.server.serve\n"
               "print(sorted(m for m in sys.modules if m.split('.')[0] in ('agents_eval', 'matplotlib')))")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
     assert result.stdout.strip() == "[]"

@@ -14,11 +14,11 @@ from websockets.sync.client import connect
 
 from engine.config import EngineSettings
 from engine.core.llm_engine import LLMEngine
-from gateway.app import create_app
 from gateway.auth import hash_key
-from gateway.session_store import session_key
+from gateway.server.app import create_app
+from gateway.server.state import GatewayState
+from gateway.sessions.store import session_key
 from gateway.settings import GatewaySettings, LimitSettings
-from gateway.state import GatewayState
 from tests.conftest import free_port, openai_client
 from tests.gateway.conftest import serving
 

@@ -13,7 +13,7 @@ from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
 from engine.workers.coordinator.worker_engine import DisaggregatedEngine
 from engine.workers.deployment import DeploymentSettings
-from gateway.app import create_app
+from gateway.server.app import create_app
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port
 from tests.gateway.conftest import ADMIN, ADMIN_HEADERS, serving

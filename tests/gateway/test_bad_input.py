@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine.config import EngineSettings
 from engine.core.llm_engine import LLMEngine
-from gateway.app import create_app
-from gateway.session_store import session_key
+from gateway.server.app import create_app
+from gateway.sessions.store import session_key
 from gateway.settings import GatewaySettings, LimitSettings
 from tests.conftest import free_port, wait_for
 from tests.gateway.conftest import running_gateway, serving

@@ -14,8 +14,8 @@ import redis
 
 from engine.config import EngineSettings
 from engine.core.llm_engine import LLMEngine
-from gateway.app import create_app
-from gateway.session_store import (
+from gateway.server.app import create_app
+from gateway.sessions.store import (
     REDIS_PREFIX,
     SESSION_INDEX,
     MemorySessionStore,
@@ -27,8 +27,8 @@ from gateway.session_store import (
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port, wait_for
 from tests.gateway.conftest import serving
-from trajectory.phase import DetectorConfig, Phase, PhaseConfig, PhaseEstimate, PhaseShiftEvent
-from trajectory.phase_monitor import MAX_EVENTS, PhaseMixMonitor
+from trajectory.phase.classifier import DetectorConfig, Phase, PhaseConfig, PhaseEstimate, PhaseShiftEvent
+from trajectory.phase.monitor import MAX_EVENTS, PhaseMixMonitor
 
 
 class Clock:

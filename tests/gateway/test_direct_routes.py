@@ -1,4 +1,4 @@
-"""The hot routes called past the router (`gateway.direct`): exactly those, the app's error handlers still
+"""The hot routes called past the router (`gateway.api.direct`): exactly those, the app's error handlers still
 answering for them, and a non-streaming request's work run in its own task, cancelled when its client goes."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from starlette.routing import Router
 
 from engine.config import EngineSettings
 from engine.core.llm_engine import LLMEngine
-from gateway.app import create_app
-from gateway.direct import direct_endpoint, exception_handler
+from gateway.api.direct import direct_endpoint, exception_handler
+from gateway.api.streaming import until_done_or_gone
 from gateway.errors import APIError, ClientGone
+from gateway.server.app import create_app
 from gateway.settings import GatewaySettings
-from gateway.streaming import until_done_or_gone
 
 HI = [{"role": "user", "content": "hi"}]
 

@@ -16,7 +16,7 @@ from engine.config import EngineSettings
 from engine.core.llm_engine import LLMEngine
 from engine.workers.coordinator.worker_engine import DisaggregatedEngine, colocated_engine
 from engine.workers.deployment import DeploymentSettings
-from gateway.app import build_engine
+from gateway.server.app import build_engine
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port, openai_client
 from tests.gateway.conftest import running_gateway

@@ -90,7 +90,7 @@ def test_generated_requests_get_no_server_error_and_conforming_responses(target:
 
 
 def test_bodies_the_routes_validate_themselves_are_declared(target: Target) -> None:
-    """gateway.bodies: the hot routes parse their bodies without FastAPI's machinery; the document still says
+    """gateway.api.bodies: the hot routes parse their bodies without FastAPI's machinery; the document still says
     what each takes, and every reference in it resolves."""
     schemas = target.document["components"]["schemas"]
     bodies = {"POST /v1/chat/completions": "ChatCompletionRequest", "POST /v1/completions": "CompletionRequest",

@@ -1,4 +1,4 @@
-"""One socket write per fixed-length response (`gateway.http_server.HeadHoldingTransport`), on a transport that
+"""One socket write per fixed-length response (`gateway.server.http.HeadHoldingTransport`), on a transport that
 records its writes; the protocol in front of real clients is every other gateway test's (`serving`)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import socket
 
 import httpx
 
-from gateway.http_server import HeadHoldingTransport
+from gateway.server.http import HeadHoldingTransport
 from tests.conftest import free_port
 from tests.gateway.conftest import serving
 

@@ -22,9 +22,9 @@ from websockets.sync.connection import Connection
 
 from engine.config import EngineSettings
 from engine.core.llm_engine import LLMEngine
-from gateway.app import create_app
 from gateway.auth import hash_key
-from gateway.session_store import session_key
+from gateway.server.app import create_app
+from gateway.sessions.store import session_key
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port, wait_for
 from tests.gateway.conftest import ADMIN, ADMIN_KEY, serving

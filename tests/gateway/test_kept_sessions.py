@@ -12,12 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.model.loader import load_tokenizer
-from gateway.session_store import MemorySessionStore, session_key
-from gateway.sessions import KeptSessions, SessionManager, message_digest
+from gateway.sessions.manager import KeptSessions, SessionManager, message_digest
+from gateway.sessions.store import MemorySessionStore, session_key
 from trajectory.agent import Policies, Trajectory
 from trajectory.session import SessionState
-from trajectory.template import DefaultChatTemplate
-from trajectory.template_types import ROLES, Message
+from trajectory.template.default import DefaultChatTemplate
+from trajectory.template.types import ROLES, Message
 
 KEY = session_key("alice", "s1")
 TOOLS = [{"type": "function", "function": {"name": "shell"}}]

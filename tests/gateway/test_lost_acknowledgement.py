@@ -19,11 +19,11 @@ from websockets.sync.client import connect
 
 from engine.config import EngineSettings
 from engine.core.llm_engine import LLMEngine
-from gateway.app import create_app
 from gateway.auth import ANONYMOUS
-from gateway.session_store import REDIS_PREFIX, StoreKey, session_key
+from gateway.server.app import create_app
+from gateway.server.state import GatewayState
+from gateway.sessions.store import REDIS_PREFIX, StoreKey, session_key
 from gateway.settings import GatewaySettings
-from gateway.state import GatewayState
 from tests.conftest import free_port, wait_for
 from tests.gateway.conftest import serving
 from trajectory.session import SessionState

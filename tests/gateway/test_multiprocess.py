@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from gateway.auth import ANONYMOUS
-from gateway.session_store import KEY_PREFIX, REDIS_PREFIX, session_key
+from gateway.sessions.store import KEY_PREFIX, REDIS_PREFIX, session_key
 from tests.conftest import wait_for
 from tests.gateway.conftest import GatewayProcess
 

@@ -16,13 +16,13 @@ from websockets.sync.client import connect
 from engine.config import EngineSettings
 from engine.core.llm_engine import LLMEngine
 from engine.core.output import RequestOutput
+from gateway.api.generation import Usage
+from gateway.api.protocol import output_budget
+from gateway.api.responses.events import ResponseStream
+from gateway.api.streaming import ChatStreamWriter
+from gateway.api.tool_calls import parse_tool_calls
 from gateway.errors import APIError
-from gateway.protocol import output_budget
-from gateway.responses_events import ResponseStream
-from gateway.serving import Usage
 from gateway.settings import GatewaySettings
-from gateway.streaming import ChatStreamWriter
-from gateway.tool_calls import parse_tool_calls
 from tests.conftest import free_port
 from tests.gateway.conftest import running_gateway
 from tests.gateway.test_bad_input import assert_error, post

@@ -14,7 +14,7 @@ from openai.types.responses import FunctionToolParam, ResponseIncompleteEvent
 from engine.config import EngineSettings
 from engine.core.llm_engine import LLMEngine
 from engine.core.output import RequestOutput
-from gateway.responses_events import ResponseStream
+from gateway.api.responses.events import ResponseStream
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port, openai_client
 from tests.gateway.conftest import running_gateway

@@ -18,9 +18,9 @@ from websockets.sync.client import ClientConnection, connect
 
 from engine.config import EngineSettings
 from engine.core.llm_engine import LLMEngine
+from gateway.api.responses.ws import uvicorn_websocket_options
 from gateway.auth import ANONYMOUS
-from gateway.responses_ws import uvicorn_websocket_options
-from gateway.session_store import session_key
+from gateway.sessions.store import session_key
 from gateway.settings import GatewaySettings, LimitSettings
 from tests.conftest import free_port, openai_client
 from tests.gateway.conftest import running_gateway

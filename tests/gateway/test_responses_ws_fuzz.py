@@ -17,9 +17,9 @@ from websockets.sync.client import connect
 
 from engine.config import EngineSettings
 from engine.core.llm_engine import LLMEngine
+from gateway.api.responses.input import ResponseCreateRequest, chat_tools, input_messages
+from gateway.api.responses.ws import EVENT_BODIES, ClientEvent, _decode, parse_event
 from gateway.errors import APIError
-from gateway.responses_input import ResponseCreateRequest, chat_tools, input_messages
-from gateway.responses_ws import EVENT_BODIES, ClientEvent, _decode, parse_event
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port
 from tests.gateway.conftest import running_gateway

@@ -14,7 +14,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from engine.config import EngineSettings
 from engine.core.llm_engine import LLMEngine
 from engine.core.sampling.defaults import SamplingDefaults, model_sampling_defaults
-from gateway.protocol import ChatCompletionRequest
+from gateway.api.protocol import ChatCompletionRequest
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port, openai_client
 from tests.gateway.conftest import running_gateway, serving

@@ -9,11 +9,11 @@ import uuid
 import pytest
 import redis.asyncio as redis
 
-from gateway import session_lease
 from gateway.errors import APIError
-from gateway.session_lease import RedisLeases, SessionBusy
-from gateway.session_store import MemorySessionStore, RedisSessionStore, session_key
-from gateway.sessions import SessionManager
+from gateway.sessions import lease as session_lease
+from gateway.sessions.lease import RedisLeases, SessionBusy
+from gateway.sessions.manager import SessionManager
+from gateway.sessions.store import MemorySessionStore, RedisSessionStore, session_key
 
 
 def a_path() -> str:

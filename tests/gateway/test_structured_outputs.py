@@ -16,8 +16,8 @@ import pytest
 from engine.config import EngineSettings
 from engine.core.llm_engine import LLMEngine
 from engine.core.sampling.grammar_spec import GrammarSpec
+from gateway.api.structured import schema_spec, tool_call_grammar
 from gateway.settings import GatewaySettings
-from gateway.structured import schema_spec, tool_call_grammar
 from gateway.upstream.request import grammar_fields
 from tests.conftest import free_port, openai_client
 from tests.gateway.conftest import running_gateway

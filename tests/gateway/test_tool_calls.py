@@ -9,9 +9,9 @@ import json
 from typing import Any
 
 from engine.core.output import RequestOutput
-from gateway.serving import Usage
-from gateway.streaming import ChatStreamWriter
-from gateway.tool_calls import parse_tool_calls
+from gateway.api.generation import Usage
+from gateway.api.streaming import ChatStreamWriter
+from gateway.api.tool_calls import parse_tool_calls
 
 LS_CALL = '<tool_call>{"name": "shell", "arguments": {"command": "ls"}}</tool_call>'
 

@@ -19,7 +19,7 @@ from engine.capacity.settings import CapacitySettings
 from engine.capacity.signals import AdmittedWork
 from engine.core.stats import AgentSignals
 from gateway.auth import ANONYMOUS
-from gateway.session_store import session_key
+from gateway.sessions.store import session_key
 from gateway.settings import GatewaySettings
 from gateway.upstream.capacity import UpstreamCapacity
 from gateway.upstream.hashing import BoundedLoadRing

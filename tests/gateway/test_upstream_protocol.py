@@ -20,7 +20,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from websockets.sync.client import connect
 
 from gateway.auth import ANONYMOUS
-from gateway.session_store import session_key
+from gateway.sessions.store import session_key
 from gateway.settings import GatewaySettings
 from gateway.upstream.hashing import BoundedLoadRing
 from gateway.upstream.pd import PREFILL_KV_TRANSFER_PARAMS

@@ -12,8 +12,8 @@ from engine.core.sampling.sampler import SamplingParams
 from engine.model.loader import load_tokenizer
 from engine.model.mask import QuerySelection
 from trajectory.agent import Policies, Trajectory, TurnPlan
-from trajectory.template import DefaultChatTemplate
-from trajectory.template_types import Message
+from trajectory.template.default import DefaultChatTemplate
+from trajectory.template.types import Message
 
 BLOCK = 16
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from engine.model.loader import load_tokenizer
-from trajectory.pruning import PruneResult, PruningConfig, prune
+from trajectory.pruning.prune import PruneResult, PruningConfig, prune
 
 CONFIG = PruningConfig.load()
 

@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerFast
 
 from engine.model.loader import load_tokenizer
 from engine.model.tokenizer import HFTokenizer, Tokenizer
-from trajectory.template import (
+from trajectory.template.default import (
     ROLES,
     ChatTemplate,
     ChatTemplateError,

@@ -24,8 +24,8 @@ from engine.workers.coordinator.worker_engine import DisaggregatedEngine
 from engine.workers.deployment import DeploymentSettings
 from gateway.admission import AdmissionController
 from gateway.load_signals import SHIFT_PHASE
-from trajectory.phase import PhaseConfig, PhaseShiftEvent, TurnFeatures, classify_turn
-from trajectory.phase_monitor import PhaseMixMonitor
+from trajectory.phase.classifier import PhaseConfig, PhaseShiftEvent, TurnFeatures, classify_turn
+from trajectory.phase.monitor import PhaseMixMonitor
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from engine.core.async_engine import ServingEngine
 from engine.core.llm_engine import LLMEngine
 from engine.workers.coordinator.worker_engine import DisaggregatedEngine, colocated_engine
 from gateway.settings import GatewaySettings
-from trajectory.template import load_chat_template
+from trajectory.template.default import load_chat_template
 
 WARM_UP_TURNS = 3
 ADMIT_ALL_SLO_S = 1e9

@@ -25,7 +25,7 @@ from agents_eval.bench.gateway.client import ClientProcess, closed_loop
 from agents_eval.bench.gateway.server import RunningGateway, reset_prefix_cache
 from engine.core.sampling.sampler import SamplingParams
 from engine.model.mask import MaskedSpan
-from gateway.protocol import ChatCompletionRequest
+from gateway.api.protocol import ChatCompletionRequest
 from trajectory.agent import Trajectory
 
 ENGINE, GATEWAY = "engine", "gateway"

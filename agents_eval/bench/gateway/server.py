@@ -1,5 +1,5 @@
 """The gateway under test for `agentserve bench gateway`: uvicorn in a thread of the benchmark process (as
-`agentserve serve` runs it, `gateway.http_server`; no access log), behind an ASGI wrapper that times each
+`agentserve serve` runs it, `gateway.server.http`; no access log), behind an ASGI wrapper that times each
 request inside the server, from the app being called to its last body byte handed to uvicorn (and, while
 `ServerProbe.time_steps` is on, step by step), and that hands out the server's event loop, so the
 engine-only path can run on the very loop the gateway uses."""
@@ -24,10 +24,10 @@ from engine.core.async_engine import AsyncLLMEngine, ServingEngine
 from engine.core.llm_engine import LLMEngine
 from engine.gc_heap import heap_frozen
 from engine.workers.coordinator.worker_engine import DisaggregatedEngine
-from gateway.app import create_app
-from gateway.http_server import uvicorn_config
+from gateway.server.app import create_app
+from gateway.server.http import uvicorn_config
+from gateway.server.state import GatewayState
 from gateway.settings import GatewaySettings
-from gateway.state import GatewayState
 from trajectory import step_timer
 
 BENCH_ID_HEADER = b"x-bench-id"

@@ -25,7 +25,7 @@ from engine.core.llm_engine import Completion, LLMEngine
 from engine.core.sampling.sampler import SamplingParams
 from engine.model.tokenizer import Tokenizer
 from trajectory.agent import Policies
-from trajectory.template import load_chat_template
+from trajectory.template.default import load_chat_template
 
 PHASES = (("full", "pruned"), ("masked", "pruned+masked", "dropped"))
 Advance = Callable[[int], None]

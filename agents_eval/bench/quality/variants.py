@@ -21,7 +21,7 @@ from agents_eval.bench.quality.transcripts import Transcript
 from engine.model.mask import MaskedSpan
 from engine.model.tokenizer import Tokenizer
 from trajectory.agent import Policies, Trajectory
-from trajectory.template_types import ChatTemplate, Message
+from trajectory.template.types import ChatTemplate, Message
 
 VARIANTS = ("full", "pruned", "masked", "pruned+masked", "dropped")
 PLACEHOLDER = "Old environment output: ({lines} lines omitted)"

@@ -45,7 +45,7 @@ from engine.kv_cache.pins import PinStats
 from engine.model.tokenizer import Tokenizer
 from predictor.traces import DEFAULT_TRACE, load_trace
 from trajectory.agent import Policies
-from trajectory.template import load_chat_template
+from trajectory.template.default import load_chat_template
 
 INT_OPTIONS = ("sessions", "turns", "context_tokens", "max_requests", "seed", "concurrency", "pruning_samples",
                "pruning_tokens", "phase_sessions")

@@ -20,7 +20,7 @@ from engine.core.sampling.sampler import SamplingParams
 from engine.model.mask import MaskedSpan
 from engine.model.tokenizer import Tokenizer
 from trajectory.agent import Policies, Trajectory, TurnPlan
-from trajectory.template_types import ChatTemplate, Message
+from trajectory.template.types import ChatTemplate, Message
 
 Advance = Callable[[int], None]
 

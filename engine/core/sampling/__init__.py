@@ -1,1 +1,1 @@
-"""engine.core.sampling."""
+"""Sampling: parameters and the sampler, a model's defaults, and structured outputs (grammars)."""

@@ -1,1 +1,1 @@
-"""engine.transport.shm.transport."""
+"""The shared-memory transport: rings between processes, and one-copy pulls from the sender's memory."""

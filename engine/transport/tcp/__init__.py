@@ -1,1 +1,1 @@
-"""engine.transport.tcp.transport."""
+"""The TCP transport: DSCP-marked sockets and each connection's receive side."""

@@ -17,9 +17,9 @@ from engine.core.sampling.sampler import SamplingParams
 from engine.kv_cache.settings import KVCacheSettings
 from engine.workers.coordinator.worker_engine import DisaggregatedEngine
 from engine.workers.deployment import DeploymentSettings
-from gateway.app import create_app
 from gateway.metrics import PREFIX
 from gateway.monitor import Scrape, kv_tiers, parse_metrics, render
+from gateway.server.app import create_app
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port
 from tests.gateway.conftest import serving

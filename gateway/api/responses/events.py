@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.core.output import RequestOutput
-from gateway.serving import ChoiceResult
-from gateway.streaming import _visible
-from gateway.tool_calls import parse_tool_calls
+from gateway.api.generation import ChoiceResult
+from gateway.api.streaming import _visible
+from gateway.api.tool_calls import parse_tool_calls
 from trajectory import step_timer
 from trajectory.json_codec import dumps
-from trajectory.template_types import Message
+from trajectory.template.types import Message
 
 Event = dict[str, Any]
 TERMINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")

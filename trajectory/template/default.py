@@ -41,9 +41,9 @@ from typing import Any
 
 from engine.model.gguf import is_gguf_path
 from engine.model.gguf.tokenizer import read_gguf_chat_template
-from trajectory.template_incremental import IncrementalRenderer, RenderedTurn
-from trajectory.template_jinja import JinjaChatTemplate, find_chat_template
-from trajectory.template_types import ROLES, ChatTemplate, ChatTemplateError, Message, Role, ToolSchemas
+from trajectory.template.incremental import IncrementalRenderer, RenderedTurn
+from trajectory.template.jinja import JinjaChatTemplate, find_chat_template
+from trajectory.template.types import ROLES, ChatTemplate, ChatTemplateError, Message, Role, ToolSchemas
 
 __all__ = ["ROLES", "ChatTemplate", "ChatTemplateError", "DefaultChatTemplate", "IncrementalRenderer",
            "JinjaChatTemplate", "Message", "RenderedTurn", "Role", "load_chat_template"]

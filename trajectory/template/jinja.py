@@ -14,7 +14,7 @@ from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engine.model.gguf.tokenizer import read_gguf_vocab
-from trajectory.template_types import ChatTemplateError, Message, ToolSchemas
+from trajectory.template.types import ChatTemplateError, Message, ToolSchemas
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"

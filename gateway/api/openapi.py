@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from gateway.bodies import body_components
+from gateway.api.bodies import body_components
 
 ERROR_SCHEMA = "ErrorResponse"
 ERROR_REF = {"$ref": f"#/components/schemas/{ERROR_SCHEMA}"}
@@ -54,7 +54,7 @@ def declare_errors(app: FastAPI) -> None:
 
 def complete(document: dict[str, Any]) -> dict[str, Any]:
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
-    schemas.update(body_components())  # the bodies the hot routes validate themselves (gateway.bodies)
+    schemas.update(body_components())  # the bodies the hot routes validate themselves (gateway.api.bodies)
     schemas[ERROR_SCHEMA] = ERROR_BODY
     for path, operations in document.get("paths", {}).items():
         for method, operation in operations.items():

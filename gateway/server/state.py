@@ -12,7 +12,7 @@ from gateway.auth import KeyRing
 from gateway.load_signals import LoadSignals
 from gateway.metrics import Metrics
 from gateway.ratelimit import RateLimiter
-from gateway.sessions import SessionManager
+from gateway.sessions.manager import SessionManager
 from gateway.settings import GatewaySettings
 from gateway.upstream.engine import UpstreamEngine
 

@@ -5,7 +5,7 @@ A response belongs to an agent session. A request without `previous_response_id`
 the session that produced that response and sends only the new input items. The response-id -> session
 record lives in the session store with the session's TTL, so gateway replicas sharing Redis find it too.
 Sessions and responses belong to the API key that made them: another key's ids are answered exactly as
-unknown ones. The WebSocket mode (`gateway.responses_ws`) runs its turns through `response_events` as well.
+unknown ones. The WebSocket mode (`gateway.api.responses.ws`) runs its turns through `response_events` as well.
 """
 
 from __future__ import annotations
@@ -23,20 +23,20 @@ from fastapi.responses import Response, StreamingResponse
 from engine.core.sampling.grammar_spec import GrammarSpec
 from engine.core.sampling.sampler import SamplingParams
 from gateway.access import prefix_cache_salt, request_principal
+from gateway.api.bodies import body_openapi, parse_body
+from gateway.api.chat import check_model, gateway_state
+from gateway.api.generation import generate_choices, record_reply, turn_stats
+from gateway.api.protocol import history_rule, observation_rule, output_budget
+from gateway.api.responses.events import TERMINAL_EVENTS, Event, ResponseStream, sse_event
+from gateway.api.responses.input import ResponseCreateRequest, chat_tools, input_messages
+from gateway.api.streaming import json_response, until_done_or_gone
+from gateway.api.structured import output_plan, text_format_grammar
 from gateway.auth import Principal
-from gateway.bodies import body_openapi, parse_body
-from gateway.chat import check_model, gateway_state
 from gateway.content_log import log_turn
 from gateway.errors import APIError
-from gateway.protocol import history_rule, observation_rule, output_budget
-from gateway.responses_events import TERMINAL_EVENTS, Event, ResponseStream, sse_event
-from gateway.responses_input import ResponseCreateRequest, chat_tools, input_messages
-from gateway.serving import generate_choices, record_reply, turn_stats
-from gateway.session_store import StoreKey, session_key
-from gateway.sessions import SessionTurn
-from gateway.state import GatewayState
-from gateway.streaming import json_response, until_done_or_gone
-from gateway.structured import output_plan, text_format_grammar
+from gateway.server.state import GatewayState
+from gateway.sessions.manager import SessionTurn
+from gateway.sessions.store import StoreKey, session_key
 from trajectory.agent import TurnPlan
 from trajectory.json_codec import dumps, loads
 

@@ -9,7 +9,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from trajectory.phase import DetectorConfig, MixConfig, MixSample, PhaseConfig, PhaseEstimate, PhaseShiftEvent
+from trajectory.phase.classifier import (
+    DetectorConfig,
+    MixConfig,
+    MixSample,
+    PhaseConfig,
+    PhaseEstimate,
+    PhaseShiftEvent,
+)
 
 NEUTRAL_THINK_SHARE = 0.5
 MIN_VARIANCE = 0.05 * 0.95

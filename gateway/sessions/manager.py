@@ -26,11 +26,11 @@ from json.encoder import encode_basestring_ascii as encode_json_string
 from engine.core.ids import fresh_id
 from engine.model.tokenizer import Tokenizer
 from gateway.errors import APIError
-from gateway.session_lease import SessionBusy
-from gateway.session_store import SessionStore, StoreKey
+from gateway.sessions.lease import SessionBusy
+from gateway.sessions.store import SessionStore, StoreKey
 from trajectory import step_timer
 from trajectory.agent import Policies, Trajectory
-from trajectory.template_types import ChatTemplate, Message, ToolSchemas
+from trajectory.template.types import ChatTemplate, Message, ToolSchemas
 from trajectory.tokenizer_cache import CachingTokenizer
 
 KEPT_SESSIONS = 256  # trajectories kept live between turns; each holds its history and a 40 KB compressor

@@ -24,14 +24,14 @@ from starlette.websockets import WebSocketDisconnect
 
 from engine.core.sampling.sampler import RequestError
 from gateway.access import admit_principal, websocket_slot
-from gateway.chat import check_model
+from gateway.api.chat import check_model
+from gateway.api.responses.http import SessionTarget, resolve_session, response_events
+from gateway.api.responses.input import ResponseCreateRequest
 from gateway.errors import STORE_ERRORS, APIError, from_request_error, store_unavailable, validation_error
-from gateway.responses import SessionTarget, resolve_session, response_events
-from gateway.responses_input import ResponseCreateRequest
+from gateway.server.state import GatewayState
 from gateway.settings import LimitSettings
-from gateway.state import GatewayState
 from trajectory.json_codec import dumps
-from trajectory.template_types import ChatTemplateError
+from trajectory.template.types import ChatTemplateError
 
 router = APIRouter()
 log = logging.getLogger(__name__)

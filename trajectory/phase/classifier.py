@@ -2,7 +2,7 @@
 
 An agent alternates between *thinking* (a large new observation to prefill, reasoning expected) and *acting*
 (a small delta, a short tool call expected: decode-heavy, latency-bound). `classify_turn` labels one turn;
-`trajectory.phase_monitor.PhaseMixMonitor` aggregates the labels of all sessions into a think/act mix and
+`trajectory.phase.monitor.PhaseMixMonitor` aggregates the labels of all sessions into a think/act mix and
 detects shifts of that mix.
 """
 
@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "phase.yaml"
+DEFAULT_CONFIG_PATH = Path(__file__).resolve().parents[2] / "configs" / "phase.yaml"
 CONFIG_PATH_ENV = "AGENTSERVE_PHASE_CONFIG"
 
 

@@ -8,7 +8,8 @@ overall, so counting the sessions held (`/metrics`, the per-key limit) never sca
 entries leave memory without waiting for a read. Values are opaque bytes: the store never looks inside.
 
 A session put with `keep_previous` keeps the value it replaces readable under `key.previous` (for the same
-TTL): a client whose acknowledgement of a turn was lost can continue from the turn before (`gateway.responses`).
+TTL): a client whose acknowledgement of a turn was lost can continue from the turn before
+(`gateway.api.responses.http`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from urllib.parse import quote
 
 import redis.asyncio as redis
 
-from gateway.session_lease import RedisLeases
+from gateway.sessions.lease import RedisLeases
 
 Kind = Literal["session", "response", "previous"]  # previous: a session one turn back
 REDIS_PREFIX = "agentserve:"

@@ -6,7 +6,7 @@
 - `tool_choice`: `auto` (the model may answer or call; calls are parsed), `none` (no call is parsed),
   `required` (the reply is one or more calls, or exactly one without `parallel_tool_calls`) or a named
   function (one call of it), constrained to valid calls of the tools' JSON schemas in the format the chat
-  template teaches and `gateway.tool_calls` parses: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
+  template teaches and `gateway.api.tool_calls` parses: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
 
 Every refusal is a 400 naming the parameter, raised before the request reaches the engine."""
 

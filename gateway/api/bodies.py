@@ -5,7 +5,7 @@ the decoded dict) took about 60 µs more per request than `model_validate_json` 
 gateway's event loop pays it once per request: at concurrency 64 the 64th request waits for all the others.
 Errors keep their shape: a `RequestValidationError` whose locations lack FastAPI's leading "body" (which
 `gateway.errors.validation_error` drops anyway), answered 400 in OpenAI's error shape. The OpenAPI document
-still declares each body: `body_openapi` gives the route's `openapi_extra`, and `gateway.openapi` moves the
+still declares each body: `body_openapi` gives the route's `openapi_extra`, and `gateway.api.openapi` moves the
 model's nested schemas into the document's components.
 """
 
@@ -19,7 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
 SCHEMA_REF = "#/components/schemas/{model}"
-BODY_SCHEMAS: dict[str, type[BaseModel]] = {}  # model name -> model, for gateway.openapi's components
+BODY_SCHEMAS: dict[str, type[BaseModel]] = {}  # model name -> model, for gateway.api.openapi's components
 M = TypeVar("M", bound=BaseModel)
 
 

@@ -9,15 +9,15 @@ from pydantic import Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from engine.core.sampling.defaults import SamplingDefaults
+from gateway.api.protocol import RequestBody, ToolChoice, content_text, is_text_part
 from gateway.errors import APIError
-from gateway.protocol import RequestBody, ToolChoice, content_text, is_text_part
-from trajectory.template_types import Message, Role
+from trajectory.template.types import Message, Role
 
 INPUT_ROLES: dict[str, Role] = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 
 
 class ResponseCreateRequest(RequestBody):
-    """Every field is implemented; others are refused unless null or a no-op (see `gateway.protocol`)."""
+    """Every field is implemented; others are refused unless null or a no-op (see `gateway.api.protocol`)."""
 
     model: str | None = None
     input: str | list[dict[str, Any]] = Field(default="", validate_default=True)  # missing: refused as empty
@@ -32,7 +32,7 @@ class ResponseCreateRequest(RequestBody):
     top_p: float | None = Field(default=None, gt=0, le=1)
     min_p: float | None = Field(default=None, ge=0, le=1)  # vLLM's extension
     ignore_eos: bool = False  # vLLM's extension: generate max_output_tokens whatever the model says
-    text: dict[str, Any] | None = None  # {"format": {...}}: text, json_object or json_schema (gateway.structured)
+    text: dict[str, Any] | None = None  # {"format": {...}}: text, json_object or json_schema (gateway.api.structured)
     metadata: dict[str, str] | None = None
     user: str | None = None  # an end-user id, echoed; it changes no output (OpenAI uses it for abuse monitoring)
     stream: bool = False

@@ -15,7 +15,7 @@ from engine.core.sampling.grammar_spec import GrammarSpec
 from engine.core.sampling.sampler import SamplingParams
 from gateway.errors import APIError
 from trajectory.observations import ObservationUsers, observation_users
-from trajectory.template_types import Message
+from trajectory.template.types import Message
 
 NO_OP: dict[str, Callable[[Any], bool]] = {  # parameter -> whether a value of it changes nothing here
     "frequency_penalty": lambda value: value == 0,
@@ -59,7 +59,7 @@ def _never(_: Any) -> bool:
 
 
 def _known_tool_choice(value: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
-    """A named function is checked against the tools later (`gateway.structured.output_plan`)."""
+    """A named function is checked against the tools later (`gateway.api.structured.output_plan`)."""
     if isinstance(value, str) and value not in ("auto", "none", "required"):
         raise PydanticCustomError("invalid_value", "tool_choice must be 'auto', 'none', 'required' or a function")
     return value
@@ -161,7 +161,7 @@ class SamplingFields(RequestBody):
     user: str | None = None
     metadata: dict[str, str] | None = None  # OpenAI's: string values; `session_id` names the session
     cache_salt: str | None = Field(default=None, min_length=1, max_length=256)  # vLLM's: prefix reuse only within it
-    response_format: dict[str, Any] | None = None  # text, json_object or json_schema (gateway.structured)
+    response_format: dict[str, Any] | None = None  # text, json_object or json_schema (gateway.api.structured)
 
     @field_validator("stop")
     @classmethod

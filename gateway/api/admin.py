@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.core.async_engine import ServingEngine
 from gateway.access import admin_principal
+from gateway.api.chat import gateway_state
 from gateway.auth import Principal
-from gateway.chat import gateway_state
 from gateway.errors import APIError
 
 router = APIRouter()

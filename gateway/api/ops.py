@@ -7,7 +7,7 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from gateway.chat import gateway_state
+from gateway.api.chat import gateway_state
 
 router = APIRouter()
 STARTED = int(time.time())

@@ -1,4 +1,4 @@
-"""`agentserve serve`: uvicorn (`gateway.http_server`) around the app, with a graceful drain on SIGTERM:
+"""`agentserve serve`: uvicorn (`gateway.server.http`) around the app, with a graceful drain on SIGTERM:
 `/ready` turns 503 and new API requests are refused, running ones finish within `drain_timeout_s`,
 then the process exits."""
 
@@ -14,10 +14,10 @@ import torch
 import uvicorn
 
 from engine.gc_heap import freeze_startup_heap
-from gateway.app import create_app
-from gateway.http_server import uvicorn_config
+from gateway.server.app import create_app
+from gateway.server.http import uvicorn_config
+from gateway.server.state import GatewayState
 from gateway.settings import GatewaySettings
-from gateway.state import GatewayState
 
 log = logging.getLogger("agentserve.gateway")
 

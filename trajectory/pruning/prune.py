@@ -13,10 +13,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from trajectory.observations import ObservationUsers
-from trajectory.pruning_rules import RULE_NAMES, PruningRules, parses_as_json, prune_lines
+from trajectory.pruning.rules import RULE_NAMES, PruningRules, parses_as_json, prune_lines
 
 OBSERVATION_ROLE = "tool"  # observations, user-message ones included, are pruned under this role's rules
-DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "pruning.yaml"
+DEFAULT_CONFIG_PATH = Path(__file__).resolve().parents[2] / "configs" / "pruning.yaml"
 
 RuleOverrides = dict[str, Any]
 

@@ -17,7 +17,7 @@ import uvicorn
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.responses_ws import uvicorn_websocket_options
+from gateway.api.responses.ws import uvicorn_websocket_options
 from gateway.settings import GatewaySettings
 
 _HEAD_START, _HEAD_END, _FIXED_LENGTH = b"HTTP/1.1 ", b"\r\n\r\n", b"\r\ncontent-length: "  # uvicorn's spelling

@@ -17,12 +17,12 @@ from fastapi.responses import Response, StreamingResponse
 from engine.core.ids import fresh_id
 from engine.core.output import RequestOutput
 from engine.core.sampling.sampler import TokenLogprob
+from gateway.api.generation import ChoiceResult, Usage
+from gateway.api.tool_calls import parse_tool_calls
 from gateway.errors import ClientGone
-from gateway.serving import ChoiceResult, Usage
-from gateway.tool_calls import parse_tool_calls
 from trajectory import step_timer
 from trajectory.json_codec import dumps
-from trajectory.template_types import Message
+from trajectory.template.types import Message
 
 TOOL_CALL_OPEN = "<tool_call>"
 SSE_DONE = b"data: [DONE]\n\n"

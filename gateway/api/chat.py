@@ -20,15 +20,10 @@ from fastapi.responses import Response, StreamingResponse
 from engine.core.ids import fresh_id
 from engine.core.sampling.sampler import TokenLogprob
 from gateway.access import prefix_cache_salt, request_principal
-from gateway.auth import Principal
-from gateway.bodies import body_openapi, parse_body
-from gateway.content_log import log_turn
-from gateway.errors import APIError
-from gateway.protocol import ChatCompletionRequest, CompletionRequest, history_rule, observation_rule, output_budget
-from gateway.serving import ChoiceResult, TurnStats, Usage, generate_choices, record_reply, turn_stats
-from gateway.session_store import StoreKey, session_key
-from gateway.state import GatewayState
-from gateway.streaming import (
+from gateway.api.bodies import body_openapi, parse_body
+from gateway.api.generation import ChoiceResult, TurnStats, Usage, generate_choices, record_reply, turn_stats
+from gateway.api.protocol import ChatCompletionRequest, CompletionRequest, history_rule, observation_rule, output_budget
+from gateway.api.streaming import (
     SSE_DONE,
     ChatStreamWriter,
     drain,
@@ -39,7 +34,12 @@ from gateway.streaming import (
     started,
     until_done_or_gone,
 )
-from gateway.structured import OutputPlan, output_plan, response_format_grammar
+from gateway.api.structured import OutputPlan, output_plan, response_format_grammar
+from gateway.auth import Principal
+from gateway.content_log import log_turn
+from gateway.errors import APIError
+from gateway.server.state import GatewayState
+from gateway.sessions.store import StoreKey, session_key
 from trajectory import step_timer
 
 router = APIRouter()

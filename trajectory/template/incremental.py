@@ -9,7 +9,7 @@ from typing import TypeVar, cast
 
 from engine.model.tokenizer import Tokenizer
 from trajectory import step_timer
-from trajectory.template_types import ChatTemplate, Message, MessageLocalTemplate, ToolSchemas
+from trajectory.template.types import ChatTemplate, Message, MessageLocalTemplate, ToolSchemas
 
 END_OF_TURN_PROBE = "agentserve-end-of-turn-probe"
 T = TypeVar("T")

@@ -18,12 +18,12 @@ from engine.model.mask import MaskedSpan, QuerySelection
 from gateway.admission import AdmissionDecision
 from gateway.errors import APIError
 from gateway.metrics import RequestTrace
-from gateway.sessions import SessionTurn, message_digest
-from gateway.state import GatewayState
+from gateway.server.state import GatewayState
+from gateway.sessions.manager import SessionTurn, message_digest
 from predictor.records import TurnRecord
 from trajectory.agent import TurnPlan
-from trajectory.phase import PhaseEstimate
-from trajectory.template_types import Message
+from trajectory.phase.classifier import PhaseEstimate
+from trajectory.template.types import Message
 
 
 @dataclass

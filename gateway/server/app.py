@@ -17,18 +17,21 @@ from engine.config import EngineSettings
 from engine.core.async_engine import AsyncLLMEngine, ServingEngine
 from engine.core.llm_engine import LLMEngine
 from engine.core.sampling.defaults import model_sampling_defaults
-from gateway import admin, chat, content_log, ops, responses, responses_ws
+from gateway import content_log
 from gateway.admission import AdmissionController
+from gateway.api import admin, chat, ops
+from gateway.api.direct import DirectRoutes, call_direct, direct_endpoint
+from gateway.api.responses import http as responses
+from gateway.api.responses import ws as responses_ws
 from gateway.auth import HoldLimits, KeyRing
-from gateway.direct import DirectRoutes, call_direct, direct_endpoint
 from gateway.errors import error_body, install_error_handlers
 from gateway.load_signals import LoadSignals
 from gateway.metrics import Metrics
 from gateway.ratelimit import open_rate_limiter
-from gateway.session_store import open_session_store
-from gateway.sessions import SessionManager
+from gateway.server.state import GatewayState
+from gateway.sessions.manager import SessionManager
+from gateway.sessions.store import open_session_store
 from gateway.settings import GatewaySettings
-from gateway.state import GatewayState
 from gateway.upstream.engine import UpstreamEngine
 from gateway.upstream.front import TokenizerFront
 from gateway.upstream.masks import MaskHeaders
@@ -36,7 +39,7 @@ from gateway.upstream.metrics import UpstreamMetrics
 from gateway.upstream.pool import UpstreamPool
 from gateway.upstream.request import UpstreamSessions
 from trajectory.agent import Policies
-from trajectory.template import load_chat_template
+from trajectory.template.default import load_chat_template
 
 
 def build_engine(settings: GatewaySettings) -> ServingEngine:
@@ -76,7 +79,7 @@ def build_state(settings: GatewaySettings, engine: ServingEngine) -> GatewayStat
 
 
 def serving_engine(settings: GatewaySettings, engine: ServingEngine, metrics: Metrics) -> AsyncLLMEngine:
-    """The engine seam of `gateway.serving`: the embedded engine's, or the upstream pool's."""
+    """The engine seam of `gateway.api.generation`: the embedded engine's, or the upstream pool's."""
     if not isinstance(engine, TokenizerFront):
         return AsyncLLMEngine(engine)
     pool = UpstreamPool(settings.upstreams, settings.upstream)
@@ -133,7 +136,7 @@ def create_app(settings: GatewaySettings | None = None, engine: ServingEngine | 
 class Guard:
     """Pure ASGI middleware: refuses bodies over the limit (413) and new work while draining (503), and
     counts in-flight API requests until their last byte is sent (streams included), for the drain. The hot
-    routes in `direct` are called from here, past the router (`gateway.direct`)."""
+    routes in `direct` are called from here, past the router (`gateway.api.direct`)."""
 
     def __init__(self, app: ASGIApp, state: GatewayState, direct: DirectRoutes | None = None) -> None:
         self.app, self.state, self.direct = app, state, direct or {}
