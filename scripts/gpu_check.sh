@@ -32,7 +32,7 @@ phase_command() {  # the phase's command, into the array `cmd`
     profile) cmd=("${gpu[@]}" "$PY" -m agentserve profile --model "$MODEL" --out "$2/calibration.json") ;;
     validate) cmd=("${gpu[@]}" "$PY" -m agentserve simulate --validate --out "$2"
                    --calibration "$out/profile/calibration.json" ${VALIDATE_ARGS:---repeats 1 --duration 40}) ;;
-    tests) cmd=("$PY" -m pytest -q -p no:cacheprovider tests/engine/test_cuda.py) ;;
+    tests) cmd=("$PY" -m pytest -q -p no:cacheprovider tests/engine/model/test_cuda.py) ;;
     steps) cmd=("$PY" scripts/gpu_steps.py "$2/steps.json" --model "$MODEL" --dtype "$DTYPE") ;;
     bench) cmd=("$PY" -m agentserve bench --workload "${WORKLOAD:-swe}" --model "$MODEL"
                 --env AGENTSERVE_ENGINE_DEVICE=cuda --env "AGENTSERVE_ENGINE_DTYPE=$DTYPE" --out "$2"

@@ -1,6 +1,6 @@
 """The OpenAPI document says what the gateway answers: every error status an operation can return, with
 OpenAI's error body as its schema, the event stream beside JSON where `stream: true` is accepted, and plain
-text where the ops endpoints answer it. Checked against the running gateway by tests/gateway/test_fuzz_openapi.py.
+text where the ops endpoints answer it. Checked against the running gateway by tests/gateway/api/test_fuzz_openapi.py.
 """
 
 from __future__ import annotations

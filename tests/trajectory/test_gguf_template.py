@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from engine.model.loader import load_tokenizer
 from engine.model.tokenizer import Tokenizer
-from tests.engine.test_gguf_tokenizer import smollm_path, smollm_reference, transformers_digit_bug, write_gguf
+from tests.engine.model.test_gguf_tokenizer import smollm_path, smollm_reference, transformers_digit_bug, write_gguf
 from trajectory.template.default import (
     DefaultChatTemplate,
     IncrementalRenderer,

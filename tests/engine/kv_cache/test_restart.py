@@ -13,7 +13,7 @@ from engine.core.sampling.sampler import SamplingParams
 from engine.core.sequence import SessionRef
 from engine.kv_cache.settings import KVCacheSettings
 from tests.engine.kv_cache.conftest import OwnRedis, opened
-from tests.engine.test_session_kv import run_turn
+from tests.engine.kv_cache.test_session_kv import run_turn
 
 BLOCK = 8
 SESSION = SessionRef("agent-restart", ttl_s=60.0)

@@ -1,6 +1,6 @@
 """The engine on a CUDA device: the same logits as transformers on the host, and a disaggregated engine whose
 KV leaves one worker's GPU and lands in another's, over each transport, with the colocated engine's tokens.
-Skipped where torch sees no GPU (CI); run on a GPU machine with `pytest tests/engine/test_cuda.py`."""
+Skipped where torch sees no GPU (CI); run on a GPU machine with `pytest tests/engine/model/test_cuda.py`."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from engine.core.llm_engine import LLMEngine
 from engine.core.sampling.sampler import SamplingParams
 from engine.workers.coordinator.worker_engine import DisaggregatedEngine
 from engine.workers.deployment import DeploymentSettings
-from tests.engine.test_disaggregated import ALWAYS_REMOTE, GREEDY, PROMPTS, SAMPLED, SETTINGS
-from tests.engine.test_engine_parity import STEPS, check_against_hf, prompts
+from tests.engine.model.test_engine_parity import STEPS, check_against_hf, prompts
+from tests.engine.workers.test_disaggregated import ALWAYS_REMOTE, GREEDY, PROMPTS, SAMPLED, SETTINGS
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

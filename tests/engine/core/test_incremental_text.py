@@ -3,7 +3,7 @@ whole character it is what decoding the whole output gives, and in between it ne
 On the built-in sentencepiece tokenizer, SmolLM2's byte-level BPE and a GGUF sentencepiece vocabulary with
 llama.cpp's space prefix (whose decode drops the first token's leading space); over text with leading spaces,
 multi-byte characters cut between tokens, special tokens and random token ids; and for a reply taken over
-mid-character (`resync`). Stop strings over the grown text: tests/engine/test_first_and_final.py."""
+mid-character (`resync`). Stop strings over the grown text: tests/engine/core/test_first_and_final.py."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from engine.core.output import IncrementalText
 from engine.model.loader import load_tokenizer
 from engine.model.tokenizer import Tokenizer
-from tests.engine.test_gguf_tokenizer import builtin_as_gguf_fields, smollm_path, write_gguf
+from tests.engine.model.test_gguf_tokenizer import builtin_as_gguf_fields, smollm_path, write_gguf
 
 TOKENIZERS = ("builtin", "smollm2", "space-prefix")
 GGUF_FOLDER = tempfile.TemporaryDirectory(prefix="space-prefix-")  # removed when the test process ends

@@ -19,7 +19,7 @@ from gateway.settings import GatewaySettings
 from gateway.upstream.settings import UpstreamPoolSettings
 from tests.conftest import free_port
 from tests.gateway.conftest import GatewayProcess, running_gateway
-from tests.gateway.test_upstream_protocol import session_homed_on
+from tests.gateway.upstream.test_protocol import session_homed_on
 
 pytestmark = pytest.mark.slow
 OBSERVATION = " ".join(f"line {i}: the build log says step {i} finished without errors." for i in range(40))

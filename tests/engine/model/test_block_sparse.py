@@ -14,7 +14,7 @@ from engine.config import EngineSettings
 from engine.core.llm_engine import LLMEngine
 from engine.core.sampling.sampler import SamplingParams
 from engine.model.mask import MaskedSpan, QuerySelection, spans_skipping_blocks
-from tests.engine.test_masks import hf_masked_logits
+from tests.engine.model.test_masks import hf_masked_logits
 
 BLOCK = 8
 PROMPT_LEN = 72  # 9 blocks

@@ -14,8 +14,8 @@ from engine.core.llm_engine import Completion, LLMEngine
 from engine.core.sampling.sampler import SamplingParams
 from engine.workers.coordinator.worker_engine import DisaggregatedEngine
 from engine.workers.deployment import DeploymentSettings
-from tests.engine.test_disaggregated import kill_worker
-from tests.engine.test_structured import PROMPTS, constrained, is_valid
+from tests.engine.core.test_structured import PROMPTS, constrained, is_valid
+from tests.engine.workers.test_disaggregated import kill_worker
 
 pytestmark = pytest.mark.slow
 

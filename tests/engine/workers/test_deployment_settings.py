@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from engine.workers.deployment import DeploymentSettings
 
-DEPLOYMENTS = sorted((Path(__file__).parents[2] / "configs" / "deployments").glob("*.yaml"))
+DEPLOYMENTS = sorted((Path(__file__).parents[3] / "configs" / "deployments").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", DEPLOYMENTS, ids=[p.stem for p in DEPLOYMENTS])

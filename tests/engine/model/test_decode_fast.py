@@ -13,7 +13,7 @@ from engine.model.attention import AttentionMetadata, QuerySpan, new_kv_cache, p
 from engine.model.gguf.quantized import Int4Linear
 from engine.model.gguf.reader import GGUFTensor
 from engine.model.llama import apply_rope, rope_inv_freq, rope_tables
-from tests.engine.gguf_files import encode
+from tests.engine.model.gguf_files import encode
 
 CONFIG = ModelConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)

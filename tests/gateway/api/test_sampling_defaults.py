@@ -18,7 +18,7 @@ from gateway.api.protocol import ChatCompletionRequest
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port, openai_client
 from tests.gateway.conftest import running_gateway, serving
-from tests.gateway.test_upstream_protocol import Fake
+from tests.gateway.upstream.test_protocol import Fake
 
 SMOLLM2_CARD = SamplingDefaults(temperature=0.2, top_p=0.9)
 QUESTION: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is the capital of France?"}]

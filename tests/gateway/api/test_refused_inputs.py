@@ -24,8 +24,8 @@ from gateway.api.tool_calls import parse_tool_calls
 from gateway.errors import APIError
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port
+from tests.gateway.api.test_bad_input import assert_error, post
 from tests.gateway.conftest import running_gateway
-from tests.gateway.test_bad_input import assert_error, post
 
 CONTEXT = 2048  # the tiny model's
 HI = [{"role": "user", "content": "hi"}]

@@ -13,7 +13,7 @@ from engine.config import EngineSettings
 from engine.core.llm_engine import LLMEngine
 from engine.core.sampling.sampler import SamplingParams
 from engine.model.loader import builtin_gguf
-from tests.engine.test_engine_parity import STEPS, check_against_hf, hf_greedy
+from tests.engine.model.test_engine_parity import STEPS, check_against_hf, hf_greedy
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ from engine.core.llm_engine import LLMEngine
 from engine.core.sampling.sampler import SamplingParams
 from engine.model import attention
 from engine.model.attention import AttentionMetadata, DecodeBatch, QuerySpan, paged_attention, span_mask
-from tests.engine.test_engine_parity import STEPS, check_against_hf, prompts
+from tests.engine.model.test_engine_parity import STEPS, check_against_hf, prompts
 
 HEADS, KV_HEADS, HEAD_DIM, SLOTS = 8, 2, 16, 256
 

@@ -30,7 +30,7 @@ from engine.transport import TRANSPORT_NAMES, make_transport
 from engine.transport.base import TransportError, TransportSettings
 from engine.transport.rdma import ConnectionParams, RegionLayout, aligned_buffer, imm_to_slot, slot_to_imm
 from engine.transport.tcp.transport import TcpReceiver, TcpSender, socket_tos
-from tests.engine.transport_links import Link, open_link
+from tests.engine.transport.transport_links import Link, open_link
 
 SETTINGS = TransportSettings(shm_ring_bytes=1 << 20, frame_timeout_s=0.5, send_timeout_s=10.0)
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

@@ -21,7 +21,7 @@ from engine.kv_cache.wire import (
 )
 from engine.transport import TRANSPORT_NAMES, make_transport
 from engine.transport.base import Placement, TransportSettings
-from tests.engine.transport_links import Link, open_link
+from tests.engine.transport.transport_links import Link, open_link
 
 SETTINGS = TransportSettings(shm_ring_bytes=1 << 20, frame_timeout_s=0.5, tcp_buffer_bytes=4096)
 

@@ -262,7 +262,7 @@ def test_ignore_eos_generates_max_tokens(client: openai.OpenAI) -> None:
 
 def test_extra_message_keys_nulls_and_no_op_parameters_are_accepted(client: openai.OpenAI) -> None:
     """Messages are data (replayed replies carry extra keys); a parameter agentserve lacks passes only when null
-    or a value that changes nothing (tests/gateway/test_refused_inputs.py refuses the rest)."""
+    or a value that changes nothing (tests/gateway/api/test_refused_inputs.py refuses the rest)."""
     messages = [{"role": "user", "content": "hi", "annotations": [], "some_future_field": {"x": 1}}]
     reply = client.chat.completions.create(model="tiny", messages=messages,  # type: ignore[call-overload]
                                            max_tokens=2, temperature=0, presence_penalty=0, logit_bias={},

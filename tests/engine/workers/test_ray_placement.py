@@ -16,7 +16,7 @@ from engine.core.sampling.sampler import SamplingParams
 from engine.workers import messages as m
 from engine.workers.coordinator.worker_engine import DisaggregatedEngine
 from engine.workers.deployment import DeploymentSettings, RaySettings
-from tests.engine.test_disaggregated import ALWAYS_REMOTE, GREEDY, PROMPTS, SAMPLED, SETTINGS
+from tests.engine.workers.test_disaggregated import ALWAYS_REMOTE, GREEDY, PROMPTS, SAMPLED, SETTINGS
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'agentserve[ray]')")
 cluster_utils = pytest.importorskip("ray.cluster_utils", reason="this ray has no cluster_utils")

@@ -27,7 +27,7 @@ from gateway.upstream.pool import UpstreamPool
 from gateway.upstream.settings import UpstreamPoolSettings, UpstreamSpec
 from tests.conftest import free_port
 from tests.gateway.conftest import ADMIN, ADMIN_HEADERS, running_gateway, serving
-from tests.gateway.test_upstream_protocol import Fake
+from tests.gateway.upstream.test_protocol import Fake
 
 BOTH = [f"http://both{i}/v1" for i in range(3)]
 PRODUCER, CONSUMER = "http://producer/v1", "http://consumer/v1"

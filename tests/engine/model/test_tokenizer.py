@@ -11,7 +11,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 from engine.model.loader import load_tokenizer
 from engine.model.tokenizer import BUILTIN_MODEL, Tokenizer, TokenizerNotFoundError
 
-TRAIN_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train_tokenizer.py"
+TRAIN_SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "train_tokenizer.py"
 
 ROUND_TRIP_TEXTS = [
     "",

@@ -21,8 +21,8 @@ from engine.model.gguf.blocks import SUPPORTED_TYPES, dequantize
 from engine.model.gguf.quantized import Int4Linear, Int8Linear
 from engine.model.gguf.reader import GGUFTensor, read_gguf, unpermute_rows
 from engine.model.loader import ModelLoadError, load_model
-from tests.engine.gguf_files import HEADS, QUANTIZABLE, encode, permute, random_blocks, write_gguf
-from tests.engine.test_engine_parity import STEPS, check_against_hf, prompts
+from tests.engine.model.gguf_files import HEADS, QUANTIZABLE, encode, permute, random_blocks, write_gguf
+from tests.engine.model.test_engine_parity import STEPS, check_against_hf, prompts
 
 MATRIX = (64, 512)
 

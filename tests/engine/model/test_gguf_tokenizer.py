@@ -23,7 +23,7 @@ from engine.model.gguf.tokenizer import PRE_TOKENIZERS, GGUFTokenizerError, buil
 from engine.model.loader import load_tokenizer
 from engine.model.tokenizer import BUILTIN_MODEL, HFTokenizer, Tokenizer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CONTROL, USER_DEFINED = 3, 4
 HPARAMS = dict(context_length=64, embedding_length=8, block_count=1, feed_forward_length=8, head_count=2,
                head_count_kv=2, layer_norm_rms_eps=1e-5, rope_dimension_count=4)  # llama.cpp loads none without
