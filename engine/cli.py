@@ -11,7 +11,7 @@ from engine.core.llm_engine import Completion, LLMEngine
 from engine.core.sampling.sampler import SamplingParams
 
 if TYPE_CHECKING:
-    from engine.workers.coordinator.worker_engine import DisaggregatedEngine
+    from engine.workers.coordinator.worker_engine import WorkerEngine
 
 
 class CLIError(ValueError):
@@ -61,16 +61,16 @@ def _run_generate(args: argparse.Namespace) -> None:
         engine.shutdown()
 
 
-def _engine(args: argparse.Namespace) -> LLMEngine | DisaggregatedEngine:
+def _engine(args: argparse.Namespace) -> LLMEngine | WorkerEngine:
     if not args.disaggregated:
         return LLMEngine(args.model, EngineSettings())
     from engine.workers.coordinator.worker_engine import (
-        DisaggregatedEngine,  # worker processes, transports: only when asked
+        WorkerEngine,  # worker processes, transports: only when asked
     )
     from engine.workers.deployment import DeploymentSettings
 
     deployment = DeploymentSettings(**({"transport": args.transport} if args.transport else {}))
-    return DisaggregatedEngine(args.model, EngineSettings(), deployment)
+    return WorkerEngine(args.model, EngineSettings(), deployment)
 
 
 def _as_json(result: Completion) -> dict[str, object]:

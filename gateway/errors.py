@@ -12,8 +12,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.core.async_engine import EngineDeadError
-from engine.core.sampling.sampler import RequestError
+from engine import EngineDeadError, RequestError
 from gateway.api.openapi import declare_errors
 from trajectory.template.types import ChatTemplateError
 

@@ -15,8 +15,7 @@ from collections import OrderedDict
 from dataclasses import replace
 from pathlib import Path
 
-from engine.core.async_engine import AsyncLLMEngine
-from engine.core.stats import AgentSignals
+from engine import AgentSignals, AsyncLLMEngine
 from gateway.admission import AdmissionController
 from predictor.forecast import LoadForecaster
 from predictor.recording import SessionRecorder

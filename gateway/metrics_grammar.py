@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, fields
 
 from prometheus_client import CollectorRegistry, Counter
 
-from engine.core.sampling.grammar_spec import GrammarCounters
+from engine import GrammarCounters
 
 PREFIX = "agentserve:"
 DOCS = {

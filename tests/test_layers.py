@@ -111,3 +111,10 @@ def test_no_package_root_holds_more_than_twelve_modules() -> None:
             if len(modules) > CROWDED.get(name, MAX_MODULES_PER_ROOT):
                 crowded[name] = len(modules)
     assert not crowded, crowded
+
+
+def test_gateway_and_trajectory_import_the_engine_through_its_public_api() -> None:
+    deep = sorted(f"{source} imports {target}" for source, targets in _graph().items()
+                  if source.split(".")[0] in ("gateway", "trajectory") for target in targets
+                  if target.startswith("engine."))
+    assert not deep, "\n".join(deep)

@@ -13,9 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from engine.core.sequence import SessionRef
-from engine.model.mask import MaskedSpan, QuerySelection
-from engine.model.tokenizer import Tokenizer
+from engine import MaskedSpan, QuerySelection, SessionRef, Tokenizer
 from trajectory import step_timer
 from trajectory.masks import query_selection, update_masks
 from trajectory.observations import ObservationUsers, is_observation

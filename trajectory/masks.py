@@ -11,7 +11,7 @@ ask (`engine.model.mask.QuerySelection`), and this module names what it must nev
 
 from __future__ import annotations
 
-from engine.model.mask import MaskedSpan, QuerySelection
+from engine import MaskedSpan, QuerySelection
 from trajectory.session import SessionState
 from trajectory.settings import HistorySettings, MaskSettings
 

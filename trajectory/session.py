@@ -12,7 +12,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.model.mask import MaskedSpan
+from engine import MaskedSpan
 from trajectory.json_codec import dumps, loads
 from trajectory.template.incremental import RenderedTurn
 from trajectory.template.types import Message

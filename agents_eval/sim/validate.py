@@ -102,10 +102,10 @@ def measure(deployment: str, sessions: list[SimSession], model: str) -> RealRun:
             engine: Any = LLMEngine(model, EngineSettings(num_threads=1, step_trace_dir=trace))
             step = in_process(engine)
         else:
-            from engine.workers.coordinator.worker_engine import DisaggregatedEngine
+            from engine.workers.coordinator.worker_engine import WorkerEngine
             from engine.workers.deployment import DeploymentSettings
 
-            engine = DisaggregatedEngine(model, EngineSettings(step_trace_dir=trace),
+            engine = WorkerEngine(model, EngineSettings(step_trace_dir=trace),
                                          DeploymentSettings(prefill=1, decode=1, transport="shm"))
             step = through_processes(engine)
         try:

@@ -50,7 +50,7 @@ class EngineDeadError(RuntimeError):
 
 
 class ServingEngine(Protocol):
-    """What the gateway serves: the colocated `LLMEngine` or the `DisaggregatedEngine`."""
+    """What the gateway serves: the colocated `LLMEngine` or the `WorkerEngine`."""
 
     tokenizer: Tokenizer | None
     checkpoint: Path | None

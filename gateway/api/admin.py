@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from engine.core.async_engine import ServingEngine
+from engine import ServingEngine
 from gateway.access import admin_principal
 from gateway.api.chat import gateway_state
 from gateway.auth import Principal
@@ -47,7 +47,7 @@ def _controller(engine: ServingEngine) -> None:
 @router.get("/admin/capacity")
 async def capacity(request: Request, _: Principal = Depends(admin_principal)) -> JSONResponse:
     gw = gateway_state(request)
-    _controller(gw.engine.engine)
+    _controller(gw.serving_engine)
     report = await gw.engine.query(lambda engine: engine.capacity.report() if engine.capacity else {})
     return JSONResponse(report)
 
@@ -55,7 +55,7 @@ async def capacity(request: Request, _: Principal = Depends(admin_principal)) ->
 @router.post("/admin/capacity")
 async def pin(body: PinRequest, request: Request, _: Principal = Depends(admin_principal)) -> JSONResponse:
     gw = gateway_state(request)
-    _controller(gw.engine.engine)
+    _controller(gw.serving_engine)
 
     def apply(engine: ServingEngine) -> dict[str, Any]:
         if engine.capacity is None:

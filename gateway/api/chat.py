@@ -17,8 +17,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from engine.core.ids import fresh_id
-from engine.core.sampling.sampler import TokenLogprob
+from engine import TokenLogprob, fresh_id
 from gateway.access import prefix_cache_salt, request_principal
 from gateway.api.bodies import body_openapi, parse_body
 from gateway.api.generation import ChoiceResult, TurnStats, Usage, generate_choices, record_reply, turn_stats
@@ -95,7 +94,7 @@ async def _chat_events(gw: GatewayState, body: ChatCompletionRequest, key: Store
                                             history_policy=history_rule(body.metadata, offered))
         step_timer.enter("plan")
         max_tokens = output_budget(body.max_completion_tokens or body.max_tokens, _max_tokens_param(body),
-                                   len(plan.prompt_token_ids), gw.engine.engine.max_model_len,
+                                   len(plan.prompt_token_ids), gw.serving_engine.max_model_len,
                                    gw.settings.default_max_tokens)
         salt = prefix_cache_salt(gw, principal, body.cache_salt)
         params = [body.sampling_params(gw.sampling, max_tokens, body.logprob_count(), i, principal.slo_class, salt,
@@ -132,15 +131,15 @@ async def completions(request: Request) -> Response:
     body = await parse_body(request, CompletionRequest)
     check_model(gw, body.model)
     prompt = _completion_prompt(body.prompt)
-    token_ids = gw.engine.engine.tokenize(prompt)
-    max_tokens = output_budget(body.max_tokens, "max_tokens", len(token_ids), gw.engine.engine.max_model_len,
+    token_ids = gw.serving_engine.tokenize(prompt)
+    max_tokens = output_budget(body.max_tokens, "max_tokens", len(token_ids), gw.serving_engine.max_model_len,
                                COMPLETION_DEFAULT_MAX_TOKENS)
     salt = prefix_cache_salt(gw, principal, body.cache_salt)
     grammar = response_format_grammar(body.response_format, "response_format")
     params = [body.sampling_params(gw.sampling, max_tokens, body.logprobs, i, principal.slo_class, salt, grammar)
               for i in range(body.n)]
     echoed = "" if not body.echo else prompt if isinstance(prompt, str) else gw.tokenizer.decode(
-        gw.engine.engine.validate(prompt, params[0]))  # ids out of the vocabulary: 400 before the decoder sees them
+        gw.serving_engine.validate(prompt, params[0]))  # ids out of the vocabulary: 400 before the decoder sees them
     choices = [ChoiceResult(i, text=echoed) for i in range(body.n)]  # echo: the prompt, then the completion
     usage = Usage()
     created, completion_id = int(time.time()), fresh_id("cmpl-")

@@ -10,11 +10,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from engine.core.ids import fresh_id
-from engine.core.output import RequestOutput
-from engine.core.sampling.sampler import SamplingParams, TokenLogprob
-from engine.core.sequence import SessionRef
-from engine.model.mask import MaskedSpan, QuerySelection
+from engine import MaskedSpan, QuerySelection, RequestOutput, SamplingParams, SessionRef, TokenLogprob, fresh_id
 from gateway.admission import AdmissionDecision
 from gateway.errors import APIError
 from gateway.metrics import RequestTrace

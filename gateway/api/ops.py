@@ -17,7 +17,7 @@ STARTED = int(time.time())
 async def models(request: Request) -> JSONResponse:
     gw = gateway_state(request)
     model = {"id": gw.model_name, "object": "model", "created": STARTED, "owned_by": "agentserve",
-             "max_model_len": gw.engine.engine.max_model_len}
+             "max_model_len": gw.serving_engine.max_model_len}
     return JSONResponse({"object": "list", "data": [model]})
 
 
@@ -29,10 +29,10 @@ async def health() -> PlainTextResponse:
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
     gw = gateway_state(request)
-    gw.metrics.sync_engine(gw.engine.engine.stats())
-    gw.metrics.sync_workers(gw.engine.engine.worker_reports())
+    gw.metrics.sync_engine(gw.serving_engine.stats())
+    gw.metrics.sync_workers(gw.serving_engine.worker_reports())
     gw.metrics.sync_signals(*gw.signals.forecaster_in_use(), gw.signals.failures)
-    gw.metrics.sync_kv_tiers(gw.engine.engine.kv_tier_stats())
+    gw.metrics.sync_kv_tiers(gw.serving_engine.kv_tier_stats())
     gw.metrics.set_sessions(await gw.sessions.store.count())
     body, content_type = gw.metrics.render()
     return Response(body, media_type=content_type)

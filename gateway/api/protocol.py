@@ -10,9 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from engine.core.sampling.defaults import SamplingDefaults
-from engine.core.sampling.grammar_spec import GrammarSpec
-from engine.core.sampling.sampler import SamplingParams
+from engine import GrammarSpec, SamplingDefaults, SamplingParams
 from gateway.errors import APIError
 from trajectory.observations import ObservationUsers, observation_users
 from trajectory.template.types import Message

@@ -14,9 +14,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from engine.core.ids import fresh_id
-from engine.core.output import RequestOutput
-from engine.core.sampling.sampler import TokenLogprob
+from engine import RequestOutput, TokenLogprob, fresh_id
 from gateway.api.generation import ChoiceResult, Usage
 from gateway.api.tool_calls import parse_tool_calls
 from gateway.errors import ClientGone

@@ -16,8 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from engine.core.sampling.grammar import JSON_OPTIONS, GrammarError, check_grammar
-from engine.core.sampling.grammar_spec import GrammarSpec
+from engine import JSON_OPTIONS, GrammarError, GrammarSpec, check_grammar
 from gateway.errors import APIError
 
 NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}

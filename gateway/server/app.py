@@ -12,11 +12,7 @@ from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.capacity.settings import CapacitySettings
-from engine.config import EngineSettings
-from engine.core.async_engine import AsyncLLMEngine, ServingEngine
-from engine.core.llm_engine import LLMEngine
-from engine.core.sampling.defaults import model_sampling_defaults
+from engine import AsyncLLMEngine, CapacitySettings, EngineSettings, LLMEngine, ServingEngine, model_sampling_defaults
 from gateway import content_log
 from gateway.admission import AdmissionController
 from gateway.api import admin, chat, ops
@@ -50,11 +46,11 @@ def build_engine(settings: GatewaySettings) -> ServingEngine:
         return TokenizerFront(settings.model)
     if settings.engine_in_process and not settings.disaggregated:
         return LLMEngine(settings.model, EngineSettings())
-    from engine.workers.coordinator.worker_engine import DisaggregatedEngine, colocated_engine
+    from engine import WorkerEngine, colocated_engine
 
     if not settings.disaggregated:
         return colocated_engine(settings.model, EngineSettings())
-    return DisaggregatedEngine(settings.model, EngineSettings(), capacity=CapacitySettings())
+    return WorkerEngine(settings.model, EngineSettings(), capacity=CapacitySettings())
 
 
 def build_state(settings: GatewaySettings, engine: ServingEngine) -> GatewayState:

@@ -13,7 +13,7 @@ from types import FrameType
 import torch
 import uvicorn
 
-from engine.gc_heap import freeze_startup_heap
+from engine import freeze_startup_heap
 from gateway.server.app import create_app
 from gateway.server.http import uvicorn_config
 from gateway.server.state import GatewayState

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.core.async_engine import AsyncLLMEngine
-from engine.core.sampling.defaults import SamplingDefaults
-from engine.model.tokenizer import Tokenizer
+from engine import AsyncLLMEngine, SamplingDefaults, ServingEngine, Tokenizer
 from gateway.admission import AdmissionController
 from gateway.auth import KeyRing
 from gateway.load_signals import LoadSignals
@@ -32,6 +30,11 @@ class GatewayState:
     draining: bool = False
     in_flight: int = 0  # API requests not yet fully answered
     websockets: dict[str, int] = field(default_factory=dict)  # principal -> open Responses WebSockets
+
+    @property
+    def serving_engine(self) -> ServingEngine:
+        """The engine behind the async front: its limits, validation and reports, read on the event loop."""
+        return self.engine.engine
 
     @property
     def model_name(self) -> str:

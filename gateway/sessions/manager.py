@@ -23,8 +23,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii as encode_json_string
 
-from engine.core.ids import fresh_id
-from engine.model.tokenizer import Tokenizer
+from engine import Tokenizer, fresh_id
 from gateway.errors import APIError
 from gateway.sessions.lease import SessionBusy
 from gateway.sessions.store import SessionStore, StoreKey

@@ -22,14 +22,17 @@ from typing import TypeVar
 
 import httpx
 
-from engine.capacity.settings import CapacitySettings
-from engine.core.async_engine import AsyncLLMEngine
-from engine.core.ids import fresh_id
-from engine.core.output import RequestOutput
-from engine.core.sampling.sampler import SamplingParams
-from engine.core.sequence import SessionRef
-from engine.core.validation import Prompt
-from engine.model.mask import MaskedSpan, QuerySelection
+from engine import (
+    AsyncLLMEngine,
+    CapacitySettings,
+    MaskedSpan,
+    Prompt,
+    QuerySelection,
+    RequestOutput,
+    SamplingParams,
+    SessionRef,
+    fresh_id,
+)
 from gateway.errors import APIError
 from gateway.upstream.capacity import UpstreamCapacity
 from gateway.upstream.client import Delta, UpstreamFailed, stream_deltas

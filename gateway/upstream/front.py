@@ -9,14 +9,21 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from engine.core.output import RequestOutput
-from engine.core.sampling.sampler import SamplingParams
-from engine.core.sequence import SessionRef
-from engine.core.slo import load_slo_config
-from engine.core.stats import AgentSignals, EngineStats, WorkerReport
-from engine.core.validation import Prompt, RequestValidator, load_tokenizer_or_none
-from engine.model.loader import resolve_model
-from engine.model.mask import MaskedSpan, QuerySelection
+from engine import (
+    AgentSignals,
+    EngineStats,
+    MaskedSpan,
+    Prompt,
+    QuerySelection,
+    RequestOutput,
+    RequestValidator,
+    SamplingParams,
+    SessionRef,
+    WorkerReport,
+    load_slo_config,
+    load_tokenizer_or_none,
+    resolve_model,
+)
 
 if TYPE_CHECKING:
     from gateway.upstream.capacity import UpstreamCapacity

@@ -12,9 +12,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from engine.core.sampling.grammar_spec import GrammarSpec
-from engine.core.sampling.sampler import SamplingParams
-from engine.model.tokenizer import Tokenizer
+from engine import GrammarSpec, SamplingParams, Tokenizer
 from gateway.sessions.manager import SessionManager, SessionTurn
 from gateway.sessions.store import StoreKey
 from trajectory.template.types import Message, ToolSchemas

@@ -69,7 +69,7 @@ def test_vip_key_pins_its_session_as_vip(secured: tuple[str, GatewayState]) -> N
     url, gw = secured
     client(url, VIP_KEY).chat.completions.create(model="tiny", messages=MESSAGES,  # type: ignore[arg-type]
                                                  extra_headers={"X-Session-Id": "vip-session"})
-    pin = gw.engine.engine.scheduler.pins.pins[session_key("vip-agent", "vip-session").path]
+    pin = gw.serving_engine.scheduler.pins.pins[session_key("vip-agent", "vip-session").path]
     assert pin.vip
 
 

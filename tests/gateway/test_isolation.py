@@ -46,7 +46,7 @@ class Deployment:
     apps: tuple[FastAPI, FastAPI]
 
     def pins(self, replica: int) -> dict[str, Any]:
-        return dict(self.apps[replica].state.gateway.engine.engine.scheduler.pins.pins)
+        return dict(self.apps[replica].state.gateway.serving_engine.scheduler.pins.pins)
 
 
 def make_app(redis_url: str | None) -> tuple[FastAPI, int]:

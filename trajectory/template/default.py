@@ -39,8 +39,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.model.gguf import is_gguf_path
-from engine.model.gguf.tokenizer import read_gguf_chat_template
+from engine import is_gguf_path, read_gguf_chat_template
 from trajectory.template.incremental import IncrementalRenderer, RenderedTurn
 from trajectory.template.jinja import JinjaChatTemplate, find_chat_template
 from trajectory.template.types import ROLES, ChatTemplate, ChatTemplateError, Message, Role, ToolSchemas

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar, cast
 
-from engine.model.tokenizer import Tokenizer
+from engine import Tokenizer
 from trajectory import step_timer
 from trajectory.template.types import ChatTemplate, Message, MessageLocalTemplate, ToolSchemas
 

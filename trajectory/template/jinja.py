@@ -13,7 +13,7 @@ from jinja2 import nodes
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from engine.model.gguf.tokenizer import read_gguf_vocab
+from engine import read_gguf_vocab
 from trajectory.template.types import ChatTemplateError, Message, ToolSchemas
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"

@@ -31,7 +31,7 @@ from agents_eval.report import ReportFiles, check_settings, machine_info, write_
 from engine.config import EngineSettings
 from engine.core.async_engine import ServingEngine
 from engine.core.llm_engine import LLMEngine
-from engine.workers.coordinator.worker_engine import DisaggregatedEngine, colocated_engine
+from engine.workers.coordinator.worker_engine import WorkerEngine, colocated_engine
 from gateway.settings import GatewaySettings
 from trajectory.template.default import load_chat_template
 
@@ -126,7 +126,7 @@ def run_benchmark(settings: GatewayBenchSettings, out_dir: Path,
     engine_settings = engine_settings or EngineSettings()
     if settings.num_threads:
         engine_settings = engine_settings.model_copy(update={"num_threads": settings.num_threads})
-    engine: LLMEngine | DisaggregatedEngine = (LLMEngine(settings.model, engine_settings) if settings.engine_in_process
+    engine: LLMEngine | WorkerEngine = (LLMEngine(settings.model, engine_settings) if settings.engine_in_process
                                                else colocated_engine(settings.model, engine_settings))
     machine = machine_info()  # before the run, so its load average shows other work, not ours
     try:

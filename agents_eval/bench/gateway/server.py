@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from engine.core.async_engine import AsyncLLMEngine, ServingEngine
 from engine.core.llm_engine import LLMEngine
 from engine.gc_heap import heap_frozen
-from engine.workers.coordinator.worker_engine import DisaggregatedEngine
+from engine.workers.coordinator.worker_engine import WorkerEngine
 from gateway.server.app import create_app
 from gateway.server.http import uvicorn_config
 from gateway.server.state import GatewayState
@@ -147,7 +147,7 @@ def reset_prefix_cache(engine: AsyncLLMEngine, timeout_s: float = 30.0) -> None:
 
     def reset(llm: ServingEngine) -> None:
         try:
-            if not isinstance(llm, LLMEngine | DisaggregatedEngine):
+            if not isinstance(llm, LLMEngine | WorkerEngine):
                 raise TypeError("the gateway benchmark serves an engine of its own, not upstreams")
             done.set_result(llm.reset_prefix_cache())
         except Exception as error:  # handed to the waiting caller; the engine loop must go on

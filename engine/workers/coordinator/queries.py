@@ -1,6 +1,6 @@
 """The disaggregated engine's surface beside serving: its stats and reports summed over the live workers, and the
 questions and commands it sends every worker or one (session TTLs, role changes, KV counters, prefix-cache
-resets, fault injection). `DisaggregatedEngine` serves; this is what it answers the gateway's metrics, admin
+resets, fault injection). `WorkerEngine` serves; this is what it answers the gateway's metrics, admin
 routes and the capacity controller with."""
 
 from __future__ import annotations

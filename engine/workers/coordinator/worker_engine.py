@@ -44,7 +44,7 @@ SENDING_POLL_S = 0.001  # a step's longest wait while commands wait for room in 
 LIVENESS_POLL_S = 0.02  # between checks that each worker process is alive (a dead one's pipe also ends at once)
 
 
-class DisaggregatedEngine(WorkerQueries):
+class WorkerEngine(WorkerQueries):
     steps_when_idle = True  # idle workers still report (released pins, restarts, nodes joining)
 
     def __init__(self, model: str, settings: EngineSettings | None = None,
@@ -327,8 +327,8 @@ class DisaggregatedEngine(WorkerQueries):
         return self.pool.stop(deadline_s)
 
 
-def colocated_engine(model: str, settings: EngineSettings | None = None) -> DisaggregatedEngine:
+def colocated_engine(model: str, settings: EngineSettings | None = None) -> WorkerEngine:
     """The colocated engine as a worker process: one worker that prefills and decodes everything, no capacity
     controller; a killed one is started again and its requests re-run."""
     settings = settings or EngineSettings()
-    return DisaggregatedEngine(model, settings, DeploymentSettings.colocated(settings.num_threads))
+    return WorkerEngine(model, settings, DeploymentSettings.colocated(settings.num_threads))

@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from engine.core.output import RequestOutput
+from engine import RequestOutput
 from gateway.api.generation import ChoiceResult
 from gateway.api.streaming import _visible
 from gateway.api.tool_calls import parse_tool_calls

@@ -20,8 +20,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
 
-from engine.core.sampling.grammar_spec import GrammarSpec
-from engine.core.sampling.sampler import SamplingParams
+from engine import GrammarSpec, SamplingParams
 from gateway.access import prefix_cache_salt, request_principal
 from gateway.api.bodies import body_openapi, parse_body
 from gateway.api.chat import check_model, gateway_state
@@ -148,12 +147,12 @@ def _prepare(gw: GatewayState, body: ResponseCreateRequest, target: SessionTarge
                                         history_policy=history_rule(body.metadata, offered))
     prompt = plan.prompt_token_ids if body.generate else turn.trajectory.state.token_ids
     max_tokens = output_budget(body.max_output_tokens, "max_output_tokens", len(prompt),
-                               gw.engine.engine.max_model_len, gw.settings.default_max_tokens) if body.generate else 1
+                               gw.serving_engine.max_model_len, gw.settings.default_max_tokens) if body.generate else 1
     params = SamplingParams(max_tokens=max_tokens, **body.sampling(gw.sampling), ignore_eos=body.ignore_eos,
                             slo_class=target.principal.slo_class,
                             cache_salt=prefix_cache_salt(gw, target.principal, body.cache_salt),
                             grammar=grammar if body.generate else None)
-    gw.engine.engine.validate(prompt, params)
+    gw.serving_engine.validate(prompt, params)
     return plan, prompt, params
 
 

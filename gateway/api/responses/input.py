@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import Field, field_validator
 from pydantic_core import PydanticCustomError
 
-from engine.core.sampling.defaults import SamplingDefaults
+from engine import SamplingDefaults
 from gateway.api.protocol import RequestBody, ToolChoice, content_text, is_text_part
 from gateway.errors import APIError
 from trajectory.template.types import Message, Role

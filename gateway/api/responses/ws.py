@@ -22,7 +22,7 @@ from fastapi import APIRouter, WebSocket
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.websockets import WebSocketDisconnect
 
-from engine.core.sampling.sampler import RequestError
+from engine import RequestError
 from gateway.access import admit_principal, websocket_slot
 from gateway.api.chat import check_model
 from gateway.api.responses.http import SessionTarget, resolve_session, response_events

@@ -14,7 +14,7 @@ from engine.core.llm_engine import LLMEngine
 from engine.core.sampling.sampler import SamplingParams
 from engine.core.stats import AgentSignals
 from engine.workers import messages as m
-from engine.workers.coordinator.worker_engine import DisaggregatedEngine
+from engine.workers.coordinator.worker_engine import WorkerEngine
 from engine.workers.deployment import DeploymentSettings
 
 pytestmark = pytest.mark.slow
@@ -28,7 +28,7 @@ THINK_PARAMS = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
 ACT_PARAMS = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 
-def run_phase(engine: DisaggregatedEngine, prompts: list[list[int]], params: SamplingParams, shift: str,
+def run_phase(engine: WorkerEngine, prompts: list[list[int]], params: SamplingParams, shift: str,
               share: float, outputs: dict[str, list[int]], finished: Counter[str]) -> None:
     engine.update_signals(AgentSignals(share, shift, time.monotonic()))
     ids = [engine.add_request(p, params, f"{shift}-{i}") for i, p in enumerate(prompts)]
@@ -42,7 +42,7 @@ def run_phase(engine: DisaggregatedEngine, prompts: list[list[int]], params: Sam
 
 
 def test_a_scripted_swing_moves_roles_and_loses_nothing() -> None:
-    engine = DisaggregatedEngine("tiny", SETTINGS, DeploymentSettings(prefill=1, decode=2, kv_timeout_s=5.0),
+    engine = WorkerEngine("tiny", SETTINGS, DeploymentSettings(prefill=1, decode=2, kv_timeout_s=5.0),
                                  CAPACITY)
     outputs: dict[str, list[int]] = {}
     finished: Counter[str] = Counter()

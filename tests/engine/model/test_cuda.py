@@ -13,7 +13,7 @@ import torch
 from engine.config import EngineSettings
 from engine.core.llm_engine import LLMEngine
 from engine.core.sampling.sampler import SamplingParams
-from engine.workers.coordinator.worker_engine import DisaggregatedEngine
+from engine.workers.coordinator.worker_engine import WorkerEngine
 from engine.workers.deployment import DeploymentSettings
 from tests.engine.model.test_engine_parity import STEPS, check_against_hf, prompts
 from tests.engine.workers.test_disaggregated import ALWAYS_REMOTE, GREEDY, PROMPTS, SAMPLED, SETTINGS
@@ -48,8 +48,8 @@ def test_seeded_sampling_on_the_gpu_draws_what_the_host_draws() -> None:
 
 
 @pytest.fixture(scope="module", params=["shm", "tcp"])
-def on_gpus(request: pytest.FixtureRequest) -> Iterator[DisaggregatedEngine]:
-    engine = DisaggregatedEngine("tiny", ON_GPU, DeploymentSettings(transport=request.param, kv_timeout_s=5.0),
+def on_gpus(request: pytest.FixtureRequest) -> Iterator[WorkerEngine]:
+    engine = WorkerEngine("tiny", ON_GPU, DeploymentSettings(transport=request.param, kv_timeout_s=5.0),
                                  ALWAYS_REMOTE)
     yield engine
     engine.shutdown()
@@ -57,7 +57,7 @@ def on_gpus(request: pytest.FixtureRequest) -> Iterator[DisaggregatedEngine]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
-def test_kv_crosses_from_gpu_to_gpu_with_the_colocated_tokens(on_gpus: DisaggregatedEngine,
+def test_kv_crosses_from_gpu_to_gpu_with_the_colocated_tokens(on_gpus: WorkerEngine,
                                                                params: SamplingParams) -> None:
     before = sum(c.received for c in on_gpus.kv_counters().values())
     results = on_gpus.generate(PROMPTS, params)

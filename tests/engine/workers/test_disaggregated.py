@@ -17,7 +17,7 @@ from engine.config import EngineSettings
 from engine.core.llm_engine import Completion, LLMEngine
 from engine.core.sampling.sampler import RequestError, SamplingParams
 from engine.model.mask import QuerySelection
-from engine.workers.coordinator.worker_engine import DisaggregatedEngine
+from engine.workers.coordinator.worker_engine import WorkerEngine
 from engine.workers.deployment import DeploymentSettings
 from tests.conftest import cpu_ticks, settle
 
@@ -36,21 +36,21 @@ def colocated(params: SamplingParams) -> list[list[int]]:
 ALWAYS_REMOTE = CapacitySettings(enabled=False, local_prefill_max_tokens=0, local_prefill_max_uncached_share=0)
 
 
-def start(transport: str = "shm", **deployment: object) -> DisaggregatedEngine:
+def start(transport: str = "shm", **deployment: object) -> WorkerEngine:
     """Every request crosses from the prefill to the decode worker; roles move only when a test says so."""
-    return DisaggregatedEngine("tiny", SETTINGS, DeploymentSettings(transport=transport, kv_timeout_s=2.0,
+    return WorkerEngine("tiny", SETTINGS, DeploymentSettings(transport=transport, kv_timeout_s=2.0,
                                                                      **deployment), ALWAYS_REMOTE)
 
 
 @pytest.fixture(scope="module", params=["shm", "tcp"])
-def disaggregated(request: pytest.FixtureRequest) -> Iterator[DisaggregatedEngine]:
+def disaggregated(request: pytest.FixtureRequest) -> Iterator[WorkerEngine]:
     engine = start(request.param)
     yield engine
     engine.shutdown()
 
 
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
-def test_same_tokens_as_colocated(disaggregated: DisaggregatedEngine, params: SamplingParams) -> None:
+def test_same_tokens_as_colocated(disaggregated: WorkerEngine, params: SamplingParams) -> None:
     before = sum(c.received for c in disaggregated.kv_counters().values())
     results = disaggregated.generate(PROMPTS, params)
     assert [r.token_ids for r in results] == colocated(params)
@@ -61,12 +61,12 @@ def test_same_tokens_as_colocated(disaggregated: DisaggregatedEngine, params: Sa
     assert disaggregated.transfers.requests >= len(PROMPTS) and disaggregated.transfers.bytes > 0
 
 
-def test_each_worker_froze_its_startup_heap_before_it_served(disaggregated: DisaggregatedEngine) -> None:
+def test_each_worker_froze_its_startup_heap_before_it_served(disaggregated: WorkerEngine) -> None:
     """The model's and torch's objects, hundreds of thousands, out of the collector's reach (engine.gc_heap)."""
     assert all(worker.frozen_objects > 100_000 for worker in disaggregated.workers)
 
 
-def test_idle_workers_sleep_on_their_pipes(disaggregated: DisaggregatedEngine) -> None:
+def test_idle_workers_sleep_on_their_pipes(disaggregated: WorkerEngine) -> None:
     """KV frames wake no pipe, so a worker polls its receivers only while a transfer to it was announced
     (`ExpectKV`) or its own sent blocks may still be read; idle after a transfer, each waits on its pipe (it polled
     every 2 ms before: about 45 ms of CPU a second on this host), and the next transfer is as whole."""
@@ -79,7 +79,7 @@ def test_idle_workers_sleep_on_their_pipes(disaggregated: DisaggregatedEngine) -
 
 
 def test_an_abort_during_the_prefill_ends_the_decode_workers_wait_for_the_kv(
-        disaggregated: DisaggregatedEngine) -> None:
+        disaggregated: WorkerEngine) -> None:
     """The decode worker was told the KV is coming (`ExpectKV`); an abort before the hand-off tells it too, so it
     goes back to waiting on its pipe instead of polling its receivers until the announcement lapses (60 s)."""
     request_id = disaggregated.add_request([1, *range(40, 540)], GREEDY)
@@ -90,7 +90,7 @@ def test_an_abort_during_the_prefill_ends_the_decode_workers_wait_for_the_kv(
     assert [r.token_ids for r in disaggregated.generate(PROMPTS[:1], GREEDY)] == colocated(GREEDY)[:1]
 
 
-def _idle_ticks(engine: DisaggregatedEngine, seconds: float = 2.0) -> list[int]:
+def _idle_ticks(engine: WorkerEngine, seconds: float = 2.0) -> list[int]:
     """Clock ticks of CPU each worker process used over `seconds`, once they settled."""
     pids = [w.process.pid for w in engine.workers]
     settle(pids)
@@ -99,14 +99,14 @@ def _idle_ticks(engine: DisaggregatedEngine, seconds: float = 2.0) -> list[int]:
     return [cpu_ticks(pid) - ticks for pid, ticks in zip(pids, before, strict=True)]
 
 
-def test_text_streams_whole_across_the_handoff(disaggregated: DisaggregatedEngine) -> None:
+def test_text_streams_whole_across_the_handoff(disaggregated: WorkerEngine) -> None:
     [expected] = LLMEngine("tiny", SETTINGS).generate(["the agent reads the log"], GREEDY)
     [result] = disaggregated.generate(["the agent reads the log"], GREEDY)
     assert result.text == expected.text and result.token_ids == expected.token_ids
 
 
 def test_a_reply_not_streamed_is_its_first_token_and_the_rest_across_the_handoff(
-        disaggregated: DisaggregatedEngine) -> None:
+        disaggregated: WorkerEngine) -> None:
     [expected] = LLMEngine("tiny", SETTINGS).generate(["the agent reads the log"], GREEDY)
     request_id = disaggregated.add_request("the agent reads the log", replace(GREEDY, every_token=False))
     outputs = []
@@ -117,7 +117,7 @@ def test_a_reply_not_streamed_is_its_first_token_and_the_rest_across_the_handoff
     assert "".join(out.new_text for out in outputs) == expected.text and outputs[-1].finished
 
 
-def test_unknown_slo_class_is_refused_before_any_worker_sees_it(disaggregated: DisaggregatedEngine) -> None:
+def test_unknown_slo_class_is_refused_before_any_worker_sees_it(disaggregated: WorkerEngine) -> None:
     with pytest.raises(RequestError, match="slo_class 'gold' is not one of"):
         disaggregated.add_request([1, 2, 3], SamplingParams(max_tokens=2, slo_class="gold"))
     assert not disaggregated.tracked
@@ -162,7 +162,7 @@ def test_role_switch_mid_stream_loses_and_duplicates_nothing() -> None:
         engine.shutdown()
 
 
-def kill_worker(engine: DisaggregatedEngine, worker_id: int) -> None:
+def kill_worker(engine: WorkerEngine, worker_id: int) -> None:
     """SIGKILL one worker process by its own pid, never a process group (`os.kill(0, ...)` would be ours)."""
     pid = engine.workers[worker_id].process.pid
     assert pid is not None and pid > 0 and pid != os.getpid(), f"worker {worker_id} has no process to kill"
@@ -203,13 +203,13 @@ def test_a_worker_dead_before_its_death_is_noticed_gets_no_request() -> None:
         engine.shutdown()
 
 
-def test_query_selection_gives_the_same_tokens_as_colocated(disaggregated: DisaggregatedEngine) -> None:
+def test_query_selection_gives_the_same_tokens_as_colocated(disaggregated: WorkerEngine) -> None:
     """The `query` policy crosses the hand-off and picks the same blocks on the decode worker."""
     selection = QuerySelection(budget=0.5, refresh_steps=2, sink_tokens=4, recent_tokens=16)
     prompts = [[1, *range(30, 30 + n)] for n in (79, 120)]
     params = replace(GREEDY, max_tokens=12)
 
-    def tokens(engine: LLMEngine | DisaggregatedEngine) -> list[list[int]]:
+    def tokens(engine: LLMEngine | WorkerEngine) -> list[list[int]]:
         ids = [engine.add_request(p, params, selection=selection) for p in prompts]
         results = {request_id: Completion(request_id) for request_id in ids}
         while engine.has_unfinished():

@@ -16,7 +16,7 @@ from engine.core.async_engine import AsyncLLMEngine, EngineDeadError
 from engine.core.llm_engine import Completion, LLMEngine
 from engine.core.sampling.sampler import SamplingParams
 from engine.core.sequence import SessionRef
-from engine.workers.coordinator.worker_engine import DisaggregatedEngine, colocated_engine
+from engine.workers.coordinator.worker_engine import WorkerEngine, colocated_engine
 from engine.workers.deployment import DeploymentSettings
 from tests.conftest import cpu_ticks, settle, wait_for_async
 
@@ -29,7 +29,7 @@ SAMPLED = SamplingParams(temperature=0.9, seed=5, max_tokens=12, ignore_eos=True
 
 
 @pytest.fixture(scope="module")
-def process() -> Iterator[DisaggregatedEngine]:
+def process() -> Iterator[WorkerEngine]:
     engine = colocated_engine("tiny", SETTINGS)
     yield engine
     engine.shutdown()
@@ -39,19 +39,19 @@ def in_process(prompts: list[list[int]] | list[str], params: SamplingParams) -> 
     return LLMEngine("tiny", SETTINGS).generate(prompts, params)
 
 
-def kill(engine: DisaggregatedEngine) -> int:
+def kill(engine: WorkerEngine) -> int:
     pid = engine.workers[0].process.pid
     assert pid is not None and pid > 0 and pid != os.getpid()
     os.kill(pid, signal.SIGKILL)
     return pid
 
 
-def test_one_worker_no_controller(process: DisaggregatedEngine) -> None:
+def test_one_worker_no_controller(process: WorkerEngine) -> None:
     assert len(process.workers) == 1 and process.capacity is None
     assert process.workers[0].process.pid != os.getpid()
 
 
-def test_the_engine_process_yields_the_cores_to_the_gateway(process: DisaggregatedEngine) -> None:
+def test_the_engine_process_yields_the_cores_to_the_gateway(process: WorkerEngine) -> None:
     """Its niceness is the gateway's plus `worker_nice`: on shared cores the gateway's requests go first."""
     pid = process.workers[0].process.pid
     added = DeploymentSettings.colocated().worker_nice
@@ -59,7 +59,7 @@ def test_the_engine_process_yields_the_cores_to_the_gateway(process: Disaggregat
     assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + added)
 
 
-def test_an_idle_engine_process_sleeps_on_its_pipe(process: DisaggregatedEngine) -> None:
+def test_an_idle_engine_process_sleeps_on_its_pipe(process: WorkerEngine) -> None:
     """With no KV receivers every input is a command on its pipe, so an idle turn waits 50 ms for one instead of
     polling every 2 ms (about 35 ms of CPU a second on this host). It still answers at once."""
     pid = process.workers[0].process.pid
@@ -72,7 +72,7 @@ def test_an_idle_engine_process_sleeps_on_its_pipe(process: DisaggregatedEngine)
 
 
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy-logprobs", "sampled"])
-def test_same_tokens_text_and_logprobs_as_in_process(process: DisaggregatedEngine, params: SamplingParams) -> None:
+def test_same_tokens_text_and_logprobs_as_in_process(process: WorkerEngine, params: SamplingParams) -> None:
     results, expected = process.generate(PROMPTS, params), in_process(PROMPTS, params)
     assert [(r.token_ids, r.text, r.finish_reason) for r in results] == \
         [(e.token_ids, e.text, e.finish_reason) for e in expected]
@@ -81,7 +81,7 @@ def test_same_tokens_text_and_logprobs_as_in_process(process: DisaggregatedEngin
                                                                        abs=1e-5)
 
 
-def test_stop_strings_end_the_same_way(process: DisaggregatedEngine) -> None:
+def test_stop_strings_end_the_same_way(process: WorkerEngine) -> None:
     prompt = ["the agent reads the log"]
     [full] = in_process(prompt, SamplingParams(temperature=0, max_tokens=12))
     params = SamplingParams(temperature=0, max_tokens=12, stop=[full.text[4:7]])
@@ -89,7 +89,7 @@ def test_stop_strings_end_the_same_way(process: DisaggregatedEngine) -> None:
     assert (result.text, result.finish_reason) == (expected.text, expected.finish_reason) == (expected.text, "stop")
 
 
-def test_a_session_turn_reuses_the_pinned_kv(process: DisaggregatedEngine) -> None:
+def test_a_session_turn_reuses_the_pinned_kv(process: WorkerEngine) -> None:
     session = SessionRef("process-agent", ttl_s=60.0)
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     prompt = [1, *range(100, 140)]
@@ -144,7 +144,7 @@ def test_a_killed_engine_process_is_started_again_and_its_requests_rerun() -> No
 
 async def test_with_no_restart_left_the_requests_fail_not_hang() -> None:
     deployment = DeploymentSettings.colocated().model_copy(update={"max_restarts": 0})
-    engine = AsyncLLMEngine(DisaggregatedEngine("tiny", SETTINGS, deployment))
+    engine = AsyncLLMEngine(WorkerEngine("tiny", SETTINGS, deployment))
     engine.start()
     try:
         stream = engine.generate("a long answer", SamplingParams(max_tokens=2000, ignore_eos=True))

@@ -14,7 +14,7 @@ import pytest
 from engine.core.llm_engine import LLMEngine
 from engine.core.sampling.sampler import SamplingParams
 from engine.workers import messages as m
-from engine.workers.coordinator.worker_engine import DisaggregatedEngine
+from engine.workers.coordinator.worker_engine import WorkerEngine
 from engine.workers.deployment import DeploymentSettings, RaySettings
 from tests.engine.workers.test_disaggregated import ALWAYS_REMOTE, GREEDY, PROMPTS, SAMPLED, SETTINGS
 
@@ -37,10 +37,10 @@ def cluster() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def engine(cluster: Any) -> Iterator[DisaggregatedEngine]:
+def engine(cluster: Any) -> Iterator[WorkerEngine]:
     deployment = DeploymentSettings(prefill=1, decode=1, transport="tcp", kv_timeout_s=5.0, placement="ray",
                                     ray=RaySettings(address=cluster.address, watch_nodes_s=0.2))
-    engine = DisaggregatedEngine("tiny", SETTINGS, deployment, ALWAYS_REMOTE)
+    engine = WorkerEngine("tiny", SETTINGS, deployment, ALWAYS_REMOTE)
     yield engine
     engine.shutdown()
 
@@ -54,28 +54,28 @@ def nodes_with(resource: dict[str, int]) -> set[str]:
     return {node["NodeID"] for node in ray.nodes() if node["Alive"] and name in node["Resources"]}
 
 
-def step_until(engine: DisaggregatedEngine, done: Any, timeout_s: float = 300.0) -> None:  # slow on a busy host
+def step_until(engine: WorkerEngine, done: Any, timeout_s: float = 300.0) -> None:  # slow on a busy host
     deadline = time.monotonic() + timeout_s
     while not done():
         assert time.monotonic() < deadline, "timed out"
         engine.step(0.05)
 
 
-def test_each_role_runs_on_its_nodes(engine: DisaggregatedEngine) -> None:
+def test_each_role_runs_on_its_nodes(engine: WorkerEngine) -> None:
     [prefill, decode] = engine.workers
     assert prefill.node in nodes_with(PREFILL_NODE) and decode.node in nodes_with(DECODE_NODE)
     assert prefill.node != decode.node and prefill.conn is not None
 
 
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
-def test_same_tokens_as_colocated_with_kv_across_nodes(engine: DisaggregatedEngine, params: SamplingParams) -> None:
+def test_same_tokens_as_colocated_with_kv_across_nodes(engine: WorkerEngine, params: SamplingParams) -> None:
     before = engine.transfers.requests
     assert [r.token_ids for r in engine.generate(PROMPTS, params)] == colocated(params)
     assert engine.transfers.requests - before == len(PROMPTS) and engine.transfers.bytes > 0
     assert sum(c.recomputed + c.timed_out for c in engine.kv_counters().values()) == 0
 
 
-def test_the_controller_moves_a_role_across_nodes(engine: DisaggregatedEngine) -> None:
+def test_the_controller_moves_a_role_across_nodes(engine: WorkerEngine) -> None:
     capacity = engine.capacity
     assert capacity is not None
     moves, switched = capacity.moves, len(engine.role_switches)
@@ -89,7 +89,7 @@ def test_the_controller_moves_a_role_across_nodes(engine: DisaggregatedEngine) -
     assert sorted(w.role for w in engine.workers) == [m.DECODE, m.PREFILL]
 
 
-def test_a_joined_node_serves_and_a_lost_node_loses_no_request(cluster: Any, engine: DisaggregatedEngine) -> None:
+def test_a_joined_node_serves_and_a_lost_node_loses_no_request(cluster: Any, engine: WorkerEngine) -> None:
     first_decoder = next(w for w in engine.workers if w.role == m.DECODE)
     prefiller = next(w for w in engine.workers if w.role == m.PREFILL)
     lost = next(node for node in cluster.worker_nodes if node.node_id == first_decoder.node)
@@ -107,7 +107,7 @@ def test_a_joined_node_serves_and_a_lost_node_loses_no_request(cluster: Any, eng
     assert first_decoder.worker_id in engine.dead_workers
 
 
-def _collect(engine: DisaggregatedEngine, outputs: dict[str, list[int]], until: Any, timeout_s: float = 180.0) -> None:
+def _collect(engine: WorkerEngine, outputs: dict[str, list[int]], until: Any, timeout_s: float = 180.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not until():
         assert time.monotonic() < deadline, "timed out"

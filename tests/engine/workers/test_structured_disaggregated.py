@@ -12,7 +12,7 @@ from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
 from engine.core.llm_engine import Completion, LLMEngine
 from engine.core.sampling.sampler import SamplingParams
-from engine.workers.coordinator.worker_engine import DisaggregatedEngine
+from engine.workers.coordinator.worker_engine import WorkerEngine
 from engine.workers.deployment import DeploymentSettings
 from tests.engine.core.test_structured import PROMPTS, constrained, is_valid
 from tests.engine.workers.test_disaggregated import kill_worker
@@ -24,15 +24,15 @@ ALWAYS_REMOTE = CapacitySettings(enabled=False, local_prefill_max_tokens=0, loca
 
 
 @pytest.fixture(scope="module")
-def disaggregated() -> Iterator[DisaggregatedEngine]:
-    engine = DisaggregatedEngine("tiny", SETTINGS, DeploymentSettings(transport="shm", kv_timeout_s=2.0),
+def disaggregated() -> Iterator[WorkerEngine]:
+    engine = WorkerEngine("tiny", SETTINGS, DeploymentSettings(transport="shm", kv_timeout_s=2.0),
                                  ALWAYS_REMOTE)
     yield engine
     engine.shutdown()
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9], ids=["greedy", "sampled"])
-def test_disaggregated_gives_the_colocated_constrained_tokens(disaggregated: DisaggregatedEngine,
+def test_disaggregated_gives_the_colocated_constrained_tokens(disaggregated: WorkerEngine,
                                                                temperature: float) -> None:
     params = [constrained(seed, temperature=temperature) for seed in range(len(PROMPTS))]
     expected = LLMEngine("tiny", SETTINGS).generate(PROMPTS, params)
@@ -43,7 +43,7 @@ def test_disaggregated_gives_the_colocated_constrained_tokens(disaggregated: Dis
     assert disaggregated.stats().grammar.forced_tokens > 0
 
 
-def test_unconstrained_requests_beside_constrained_ones_are_unchanged(disaggregated: DisaggregatedEngine) -> None:
+def test_unconstrained_requests_beside_constrained_ones_are_unchanged(disaggregated: WorkerEngine) -> None:
     free = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     params = [free if i % 2 else constrained(i) for i in range(len(PROMPTS))]
     expected = LLMEngine("tiny", SETTINGS).generate(PROMPTS, params)
@@ -51,7 +51,7 @@ def test_unconstrained_requests_beside_constrained_ones_are_unchanged(disaggrega
 
 
 def test_a_decode_worker_killed_mid_json_is_rerun_to_the_same_valid_json() -> None:
-    engine = DisaggregatedEngine("tiny", SETTINGS, DeploymentSettings(transport="shm", kv_timeout_s=2.0),
+    engine = WorkerEngine("tiny", SETTINGS, DeploymentSettings(transport="shm", kv_timeout_s=2.0),
                                  ALWAYS_REMOTE)
     params = [constrained(seed) for seed in range(len(PROMPTS))]
     try:

@@ -173,7 +173,7 @@ def aborted_requests(app: FastAPI) -> float:
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
 def test_a_client_gone_mid_stream_frees_its_request_and_kv(gateway: tuple[FastAPI, str], path: str) -> None:
     app, url = gateway
-    engine = app.state.gateway.engine.engine
+    engine = app.state.gateway.serving_engine
     assert wait_for(lambda: not engine.has_unfinished())
     free_before, aborted_before = engine.kv.num_free_blocks, aborted_requests(app)
     prompt = "Tell a long story. " * 8
@@ -211,7 +211,7 @@ def test_a_client_gone_before_a_non_streaming_reply_aborts_it(gateway: tuple[Fas
     """The client leaves while the engine runs its request (whatever the host's speed): the request ends as
     aborted, not run to its 1,900 tokens, and leaves no work, pin or KV behind."""
     app, url = gateway
-    engine = app.state.gateway.engine.engine
+    engine = app.state.gateway.serving_engine
     assert wait_for(lambda: not engine.has_unfinished())
     free_before, aborted_before = engine.kv.num_free_blocks, aborted_requests(app)
     prompt = "Tell a long story. " * 8

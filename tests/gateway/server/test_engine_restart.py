@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine.config import EngineSettings
 from engine.core.llm_engine import LLMEngine
-from engine.workers.coordinator.worker_engine import DisaggregatedEngine, colocated_engine
+from engine.workers.coordinator.worker_engine import WorkerEngine, colocated_engine
 from engine.workers.deployment import DeploymentSettings
 from gateway.server.app import build_engine
 from gateway.settings import GatewaySettings
@@ -48,7 +48,7 @@ def test_a_killed_engine_process_restarts_and_the_stream_completes() -> None:
 
 def test_with_no_restart_left_requests_get_503_not_a_hang() -> None:
     deployment = DeploymentSettings.colocated().model_copy(update={"max_restarts": 0})
-    engine = DisaggregatedEngine("tiny", EngineSettings(num_kv_blocks=512), deployment)
+    engine = WorkerEngine("tiny", EngineSettings(num_kv_blocks=512), deployment)
     with running_gateway(GatewaySettings(model="tiny", port=free_port()), engine) as url:
         pid = engine.workers[0].pid
         assert pid is not None and pid != os.getpid()
@@ -77,7 +77,7 @@ def test_the_engine_process_reports_its_load_per_worker() -> None:
 def test_the_gateway_builds_an_engine_process_unless_told_to_debug_in_process() -> None:
     default = build_engine(GatewaySettings(model="tiny"))
     try:
-        assert isinstance(default, DisaggregatedEngine) and default.colocated
+        assert isinstance(default, WorkerEngine) and default.colocated
         assert default.workers[0].pid not in (None, os.getpid())
     finally:
         default.shutdown()
