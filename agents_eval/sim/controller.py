@@ -16,7 +16,7 @@ from agents_eval.sim.records import Decided, RoleChange
 from engine.capacity.policy import CapacityPolicy, Decision
 from engine.capacity.settings import CapacitySettings
 from engine.capacity.signals import DECODE, PREFILL, LoadSnapshot, role_figures
-from engine.stats import mean_line
+from engine.core.stats import mean_line
 
 
 def snapshot(gateway: Gateway) -> LoadSnapshot:

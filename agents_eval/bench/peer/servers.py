@@ -19,7 +19,7 @@ import yaml
 from agents_eval.bench.agent.gateway import GatewayProcess, free_port, running_gateway, running_process
 from agents_eval.bench.peer.settings import KV_CACHE_BYTES, LLAMA_CPP, PeerSettings, agentserve_env
 from engine.config import CONFIGS_DIR
-from engine.gguf.package import PackagedGGUF
+from engine.model.gguf.package import PackagedGGUF
 
 READY_TIMEOUT_S = 300.0
 
