@@ -21,7 +21,7 @@ from agents_eval.workloads.arrivals import poisson_starts
 from agents_eval.workloads.types import ACT, THINK
 from engine.capacity.policy import CapacityPolicy
 from engine.capacity.settings import CapacitySettings
-from engine.slo import load_slo_config
+from engine.core.slo import load_slo_config
 
 WINDOW_S = (15.0, 60.0)  # a window's length is drawn from this range
 LOAD = (0.5, 0.9)  # and its load, a share of the deployment's capacity at the SLO
