@@ -13,8 +13,9 @@ from engine.config import YamlSettings
 
 
 class RaySettings(BaseModel):
-    """Placement on a Ray cluster: the seed's prefill nodes and decode nodes are Ray nodes started with a
-    custom resource naming their role (`ray start --resources='{"agentserve_prefill": 1}'`)."""
+    """Placement on a Ray cluster (configs/deployments/moe27b-a800p-h100d.yaml): the prefill nodes and decode
+    nodes are Ray nodes started with a custom resource naming their role
+    (`ray start --resources='{"agentserve_prefill": 1}'`)."""
 
     model_config = ConfigDict(extra="forbid")
 
