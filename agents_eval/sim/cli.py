@@ -108,8 +108,8 @@ def run(args: argparse.Namespace) -> None:
 
 def _validation(args: argparse.Namespace) -> tuple[dict[str, Any], list[Table]]:
     """The absolute validation (real runs against their prediction) and, with --measured, the ratio validation."""
-    from agents_eval.sim.ratios import validate_ratios
     from agents_eval.sim.validate import validate
+    from agents_eval.sim.validation.ratios import validate_ratios
 
     if args.ratios_only:
         data: dict[str, Any] = {"validation": {}, "notes": []}

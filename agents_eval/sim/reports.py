@@ -165,8 +165,8 @@ def scale(args: argparse.Namespace) -> Report:
 
 
 def swing(args: argparse.Namespace) -> Report:
-    from agents_eval.sim import swing as sw
-    from agents_eval.sim import swing_report as sr
+    from agents_eval.sim.swing import report as sr
+    from agents_eval.sim.swing import runs as sw
 
     args.out.mkdir(parents=True, exist_ok=True)
     base = cluster_config(args.swing_cluster)

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from agents_eval.sim.ratios import DISAGG_TPOT, compare, goal, load_reports, measured_ratios, simulated_agent_ratios
+from agents_eval.sim.validation.ratios import (
+    DISAGG_TPOT,
+    compare,
+    goal,
+    load_reports,
+    measured_ratios,
+    simulated_agent_ratios,
+)
 
 
 def _agent_report(slo_rate: float, p99: float) -> dict[str, object]:

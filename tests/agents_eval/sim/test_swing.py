@@ -3,9 +3,9 @@ an act window, a think window whose prompts keep more than one prefill node busy
 
 from __future__ import annotations
 
-from agents_eval.sim import swing as sw
-from agents_eval.sim import swing_report
 from agents_eval.sim.config import ClusterConfig, cluster_config
+from agents_eval.sim.swing import report as swing_report
+from agents_eval.sim.swing import runs as sw
 
 WINDOWS = (sw.SwingWindow(0.0, 30.0, "act", 1.0), sw.SwingWindow(30.0, 60.0, "think", 1.0),
            sw.SwingWindow(60.0, 90.0, "act", 1.0))

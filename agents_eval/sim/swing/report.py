@@ -13,7 +13,7 @@ from agents_eval.bench.capacity.simulated import move_events
 from agents_eval.bench.capacity.swing import RunResult
 from agents_eval.report import Table
 from agents_eval.sim.records import Decided, RunLog
-from agents_eval.sim.swing import SwingPlan, SwingRun
+from agents_eval.sim.swing.runs import SwingPlan, SwingRun
 
 GOAL_MS, AIM_MS = 500.0, 100.0
 MAX_MOVES_PER_ROLE = 1

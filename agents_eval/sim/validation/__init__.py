@@ -1,0 +1,1 @@
+"""Validating the simulator against measured runs: ratios between configurations (`ratios`)."""
