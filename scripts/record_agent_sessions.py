@@ -21,11 +21,11 @@ from pathlib import Path
 
 import httpx
 
-from agents_eval.bench.agent.client import HttpPool
-from agents_eval.bench.agent.driver import DriveResult, RunLimits, WorkloadLike, drive
-from agents_eval.bench.agent.gateway import model_name, running_gateway
 from agents_eval.bench.agent.run import HTTP, gateway_env, session_opener
 from agents_eval.bench.agent.workload import WorkloadOptions, build_workload
+from agents_eval.harness.client import HttpPool
+from agents_eval.harness.drive import DriveResult, RunLimits, WorkloadLike, drive
+from agents_eval.harness.servers.gateway import model_name, running_gateway
 
 RECORDED_CONFIG = "agent"
 

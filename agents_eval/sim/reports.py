@@ -6,7 +6,7 @@ import argparse
 from dataclasses import asdict
 from typing import Any
 
-from agents_eval.report import Table
+from agents_eval.harness.report import Table
 from agents_eval.sim.config import cluster_config
 from agents_eval.sim.experiments import Load, placement_search, placements, scale_run, seed_table
 from agents_eval.sim.plots import attainment_plot, role_timeline

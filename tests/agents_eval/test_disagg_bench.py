@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from agents_eval.bench.disagg.bench import ROLE_SWAPS, Workload, _Streams, prefills_due, run_benchmark
-from agents_eval.report import JSON_NAME, MARKDOWN_NAME
+from agents_eval.harness.report import JSON_NAME, MARKDOWN_NAME
 from engine.config import EngineSettings
 from engine.output import RequestOutput
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from rich.progress import Progress
 
-from agents_eval.bench.agent.metrics import RequestRecord, Slo
 from agents_eval.bench.overload.cli import write
 from agents_eval.bench.overload.outcomes import outcomes
 from agents_eval.bench.overload.overload import OverloadSettings, run_overload
+from agents_eval.harness.stats import RequestRecord, Slo
 
 SLO = Slo(ttft_s=0.5, tpot_s=0.05)
 

@@ -20,22 +20,15 @@ import httpx
 import uvloop
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from agents_eval.bench.agent.client import ChatSession, HttpPool, SessionClient, WsSession
 from agents_eval.bench.agent.configs import COMMON_ENV, CONFIGS
-from agents_eval.bench.agent.driver import OpenSession, RunLimits, SessionLike, WorkloadLike, drive, planned_requests
-from agents_eval.bench.agent.gateway import (
-    GatewayProcess,
-    RolePoller,
-    capacity,
-    colocated_threads,
-    deployment_workers,
-    model_name,
-    running_gateway,
-    scrape,
-)
-from agents_eval.bench.agent.metrics import RequestRecord, counter_deltas
+from agents_eval.bench.agent.gateway import RolePoller, capacity, colocated_threads, deployment_workers
 from agents_eval.bench.agent.workload import warm_up_workload
-from agents_eval.report import finite
+from agents_eval.harness.client import ChatSession, HttpPool, SessionClient, WsSession
+from agents_eval.harness.drive import OpenSession, RunLimits, SessionLike, WorkloadLike, drive, planned_requests
+from agents_eval.harness.report import finite
+from agents_eval.harness.servers.gateway import counter_deltas, model_name, running_gateway, scrape
+from agents_eval.harness.servers.process import ServerProcess
+from agents_eval.harness.stats import RequestRecord
 from engine.gc_heap import heap_frozen
 
 WS, HTTP = "ws", "http"
@@ -156,7 +149,7 @@ def run_point(config: str, workload: WorkloadLike, options: RunOptions, log_path
         return uvloop.run(_measure(config, gateway, workload, options, on_record))
 
 
-async def _measure(config: str, gateway: GatewayProcess, workload: WorkloadLike, options: RunOptions,
+async def _measure(config: str, gateway: ServerProcess, workload: WorkloadLike, options: RunOptions,
                    on_record: Callable[[RequestRecord], None]) -> PointResult:
     import openai
 

@@ -21,7 +21,7 @@ import torch
 from agents_eval.bench.batcher import report as batcher_report
 from agents_eval.bench.batcher.drive import Driver
 from agents_eval.bench.batcher.workload import SLO_CLASSES, BatcherBenchSettings, Workload, build_workload
-from agents_eval.report import machine_info
+from agents_eval.harness.report import machine_info
 from engine.batcher import PolicyName
 from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from agents_eval.report import check_settings
+from agents_eval.harness.report import check_settings
 
 CHAT, AGENT, VIP_AGENT = "chat", "agent", "vip agent"
 KINDS = (CHAT, AGENT, VIP_AGENT)

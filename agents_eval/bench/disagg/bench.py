@@ -21,7 +21,8 @@ import torch
 from rich.console import Console
 
 from agents_eval.bench.disagg.switch import BusyLoad, BusyShape, measure_switches, random_prompt
-from agents_eval.report import BarChart, Table, check_settings, machine_info, write_report
+from agents_eval.harness.report import BarChart, Table, check_settings, machine_info, write_report
+from agents_eval.harness.stats import percentile
 from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine
@@ -136,8 +137,7 @@ def drive(engine: Engine, workload: Workload) -> InterferenceResult:
 
 
 def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return percentile(values, q * 100.0)
 
 
 def _ms(seconds: float) -> float:

@@ -8,7 +8,7 @@ from typing import Any
 
 from agents_eval.bench.engine.engine import PrefixCacheTiming
 from agents_eval.bench.engine.workload import BenchRequest, RunResult
-from agents_eval.report import BarChart, Table
+from agents_eval.harness.report import BarChart, Table
 from engine.llm_engine import LLMEngine
 
 GOAL_RATIO = 3.0

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from agents_eval.bench.faults.campaign import CampaignResult, CampaignSettings
-from agents_eval.report import LineChart, ReportFiles, Table, write_report
+from agents_eval.harness.report import LineChart, ReportFiles, Table, write_report
 
 ZERO_GOALS = ("lost", "duplicated", "sessions_corrupted", "kv_blocks_leaked")
 BIN_S = 2.0

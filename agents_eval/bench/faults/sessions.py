@@ -7,16 +7,19 @@ or lost (no answer at all)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import websockets
 from websockets.asyncio.client import connect
+
+from agents_eval.harness.client import RequestFailed, chat_chunks, post_json
 
 RETRY_STATUSES = (429, 502, 503)
 ABANDONED = "abandoned"  # the client dropped the stream on purpose (a fault of the campaign)
@@ -53,27 +56,26 @@ class Session:
     session_id: str = ""
 
 
-def error_of(response: httpx.Response) -> str:
+@contextlib.contextmanager
+def classified() -> Iterator[None]:
+    """The harness client's failure as the campaign counts it: a refusal or an in-stream error is retried (after
+    its Retry-After), any other OpenAI-shaped answer is a clean error."""
     try:
-        error = response.json()["error"]
-        return f"{response.status_code} {error.get('code') or error.get('type')}"
-    except (ValueError, KeyError, TypeError):
-        return f"{response.status_code} not OpenAI-shaped"
-
-
-def check(response: httpx.Response) -> None:
-    if response.status_code in RETRY_STATUSES:
-        raise Retry(error_of(response), float(response.headers.get("retry-after", "0.5") or 0.5))
-    if response.status_code != 200:
-        raise CleanError(error_of(response))
+        yield
+    except RequestFailed as failed:
+        if failed.status is None:
+            raise Retry(f"stream error {failed.code}") from failed
+        label = f"{failed.status} {failed.code or 'not OpenAI-shaped'}"
+        if failed.status in RETRY_STATUSES:
+            raise Retry(label, float(failed.retry_after or 0.5)) from failed
+        raise CleanError(label) from failed
 
 
 async def responses_turn(http: httpx.AsyncClient, url: str, session: Session, text: str, tokens: int) -> None:
     body = {"model": "tiny", "input": text, "max_output_tokens": tokens, "temperature": 0,
             **({"previous_response_id": session.last_response} if session.last_response else {})}
-    response = await http.post(f"{url}/v1/responses", json=body)
-    check(response)
-    session.last_response = response.json()["id"]
+    with classified():
+        session.last_response = (await post_json(http, f"{url}/v1/responses", body))["id"]
 
 
 async def chat_turn(http: httpx.AsyncClient, url: str, session: Session, text: str, tokens: int,
@@ -81,19 +83,11 @@ async def chat_turn(http: httpx.AsyncClient, url: str, session: Session, text: s
     messages = [*session.messages, {"role": "user", "content": text}]
     body = {"model": "tiny", "messages": messages, "max_tokens": tokens, "temperature": 0, "stream": True}
     reply: list[str] = []
-    async with http.stream("POST", f"{url}/v1/chat/completions", json=body,
-                           headers={"X-Session-Id": session.session_id}) as response:
-        if response.status_code != 200:
-            await response.aread()
-            check(response)
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
+    with classified():
+        async for chunk in chat_chunks(http, body, {"X-Session-Id": session.session_id},
+                                       f"{url}/v1/chat/completions"):
             if drop:
                 raise Retry(ABANDONED)  # leaving the block closes the connection mid-stream
-            chunk = json.loads(line.removeprefix("data: "))
-            if "error" in chunk:
-                raise Retry(f"stream error {chunk['error'].get('code')}")
             reply.extend(choice["delta"].get("content") or "" for choice in chunk.get("choices", []))
     session.messages = [*messages, {"role": "assistant", "content": "".join(reply)}]
 

@@ -6,7 +6,7 @@ import statistics
 from typing import Any
 
 from agents_eval.bench.gateway.session import CHAT, WS, SessionRun
-from agents_eval.report import LineChart, Table
+from agents_eval.harness.report import LineChart, Table
 
 OVERHEAD_GOAL_MS = 1.0  # p50, end to end; LiteLLM's proxy publishes 2-12 ms p50
 MODE_LABELS = {WS: "Responses WebSocket (new input only)", CHAT: "HTTP chat (whole history resent)"}

@@ -18,7 +18,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from agents_eval.report import BarChart, Table, machine_info, write_report
+from agents_eval.harness.report import BarChart, Table, machine_info, write_report
 from engine.output import RequestOutput
 from engine.sampling import SamplingParams
 from engine.worker import messages as m

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from agents_eval.bench.kv_transfer.settings import RATIO_GOALS, KVBenchSettings
-from agents_eval.report import BarChart, ReportFiles, Table, write_report
+from agents_eval.harness.report import BarChart, ReportFiles, Table, write_report
 
 TITLE = "agentserve KV transfer benchmark"
 HEADERS = ["method", "tokens per block", "frames", "GB/s", "latency ms (median)", "min", "max", "bytes verified"]

@@ -10,11 +10,11 @@ from typing import Any
 
 from agents_eval.bench.agent.cli import _env_item
 from agents_eval.bench.agent.configs import CONFIGS
-from agents_eval.bench.agent.metrics import Slo
 from agents_eval.bench.agent.run import progress_display
 from agents_eval.bench.agent.workload import WORKLOADS
 from agents_eval.bench.overload.overload import OverloadSettings, run_overload
-from agents_eval.report import BarChart, ReportFiles, Table, write_report
+from agents_eval.harness.report import BarChart, ReportFiles, Table, write_report
+from agents_eval.harness.stats import Slo
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from agents_eval.bench.agent.metrics import RequestRecord, Slo, meets_slo, percentile
+from agents_eval.harness.stats import RequestRecord, Slo, meets_slo, percentile
 
 REFUSALS = (429, 503)  # what overload is answered with
 TIMEOUT_MARKS = ("TimeoutError", "ReadTimeout", "drain deadline")

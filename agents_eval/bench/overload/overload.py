@@ -11,15 +11,15 @@ from typing import Any
 
 from rich.progress import Progress
 
-from agents_eval.bench.agent.driver import RunLimits
-from agents_eval.bench.agent.metrics import Slo
 from agents_eval.bench.agent.run import HTTP, RunOptions, measure_point
 from agents_eval.bench.agent.search import SearchOptions
 from agents_eval.bench.agent.settings import DEFAULT_SLO, AgentBenchSettings, SearchSettings
 from agents_eval.bench.agent.slo import probe_workloads, run_search, start_rate
 from agents_eval.bench.agent.workload import WorkloadOptions, build_workload
 from agents_eval.bench.overload.outcomes import outcomes
-from agents_eval.report import check_settings
+from agents_eval.harness.drive import RunLimits
+from agents_eval.harness.report import check_settings
+from agents_eval.harness.stats import Slo
 
 ADMISSION_TTFT_ENV = "AGENTSERVE_LIMITS__TTFT_SLO_S"
 ADMISSION_TPOT_ENV = "AGENTSERVE_LIMITS__TPOT_SLO_S"

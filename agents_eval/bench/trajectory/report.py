@@ -15,7 +15,7 @@ from agents_eval.bench.trajectory.observations import PruningFigure
 from agents_eval.bench.trajectory.phase import PhaseFigures, think_label
 from agents_eval.bench.trajectory.sessions import REPLY_TOKENS, SessionRun
 from agents_eval.bench.trajectory.trace import ReplayCounts, ScaledRequest
-from agents_eval.report import BarChart, Table
+from agents_eval.harness.report import BarChart, Table
 from engine.kv_pins import PinStats
 
 GOAL_REDUCTION = 10.0

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import httpx
 
-from agents_eval.bench.agent.client import stream_chat
-from agents_eval.bench.agent.gateway import running_gateway
 from agents_eval.bench.upstream.workload import UpstreamBenchSettings, session_turns
+from agents_eval.harness.client import stream_chat
+from agents_eval.harness.servers.gateway import running_gateway
 
 
 @dataclass(frozen=True)
