@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -203,11 +203,35 @@ async def stream_chat(http: httpx.AsyncClient, body: dict[str, Any], headers: di
                  cached, usage["completion_tokens"], tuple(times))
 
 
+class RawWebSocket:
+    """A `websockets` connection with the two calls `WsSession` makes of the openai SDK's (`send_raw`,
+    `recv_bytes`): for a client that opens the socket itself (`ws_url`), one per turn or per session."""
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+
+    async def send_raw(self, data: str) -> None:
+        await self.connection.send(data)
+
+    async def recv_bytes(self) -> str | bytes:
+        frame: str | bytes = await self.connection.recv()
+        return frame
+
+
+def ws_url(http_url: str) -> str:
+    """The Responses WebSocket of a gateway at `http_url`."""
+    return http_url.replace("http://", "ws://", 1).replace("https://", "wss://", 1) + "/v1/responses"
+
+
 class WsSession:
-    def __init__(self, connection: Any, model: str, system: str) -> None:
+    """One agent session over the Responses WebSocket; `previous_id` continues a response of an earlier
+    connection, `on_delta` (if set) sees each text delta as it comes (and may raise to drop the stream)."""
+
+    def __init__(self, connection: Any, model: str, system: str, previous_id: str | None = None) -> None:
         self.connection, self.model, self.system = connection, model, system
-        self.previous_id: str | None = None
+        self.previous_id = previous_id
         self.last_reply = ""
+        self.on_delta: Callable[[str], None] | None = None
 
     def event(self, turn: TurnInput) -> dict[str, Any]:
         event: dict[str, Any] = {"type": "response.create", "model": self.model, "temperature": 0,
@@ -236,11 +260,13 @@ class WsSession:
             if kind == "response.output_text.delta":
                 times.append(time.perf_counter() - start)
                 text.append(event["delta"])
+                if self.on_delta is not None:
+                    self.on_delta(event["delta"])
             elif kind in WS_DONE:
                 return self._finish(event["response"], times, "".join(text), time.perf_counter() - start)
             elif kind in WS_FAILED:
                 error = _ws_error(event)
-                raise RequestFailed(f"{kind}: {error}", code=_code(error))
+                raise RequestFailed(f"{kind}: {error}", event.get("status"), code=_code(error))
 
     def _finish(self, response: dict[str, Any], times: list[float], text: str, e2e: float) -> Reply:
         self.previous_id, self.last_reply = response["id"], text

@@ -166,7 +166,7 @@ def write_report(out_dir: Path, data: dict[str, Any], title: str, tables: Sequen
                  markdown: str | None = None) -> ReportFiles:
     """`report.json` (non-finite numbers as null), `report.md` (`markdown`, or the tables and notes under
     `title`) and the chart, if any, in `out_dir`."""
-    if "goals" in data:
+    if isinstance(data.get("goals"), list):
         check_goals(data["goals"])
     out_dir.mkdir(parents=True, exist_ok=True)
     files = ReportFiles(out_dir / JSON_NAME, out_dir / MARKDOWN_NAME, out_dir / (chart.filename if chart else ""))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -19,7 +18,8 @@ import httpx
 import websockets
 from websockets.asyncio.client import connect
 
-from agents_eval.harness.client import RequestFailed, chat_chunks, post_json
+from agents_eval.harness.client import RawWebSocket, RequestFailed, WsSession, chat_chunks, post_json, ws_url
+from agents_eval.workloads.types import ACT, APPEND, Turn
 
 RETRY_STATUSES = (429, 502, 503)
 ABANDONED = "abandoned"  # the client dropped the stream on purpose (a fault of the campaign)
@@ -36,7 +36,9 @@ class Retry(Exception):
 
 
 @dataclass
-class Turn:
+class TurnOutcome:
+    """What became of one turn: each attempt's outcome and when it ended, the final outcome, the latency."""
+
     session: int
     index: int
     attempts: list[str] = field(default_factory=list)  # the outcome of each attempt
@@ -93,24 +95,18 @@ async def chat_turn(http: httpx.AsyncClient, url: str, session: Session, text: s
 
 
 async def ws_turn(url: str, session: Session, text: str, tokens: int, drop: bool) -> None:
-    request = {"type": "response.create", "model": "tiny", "input": text, "max_output_tokens": tokens,
-               "temperature": 0, **({"previous_response_id": session.last_response} if session.last_response else {})}
-    async with connect(url.replace("http://", "ws://") + "/v1/responses", open_timeout=10) as ws:
-        await ws.send(json.dumps(request))
-        async for frame in ws:
-            event = json.loads(frame)
-            if drop and event["type"] == "response.output_text.delta":
-                raise Retry(ABANDONED)
-            if event["type"] == "response.completed" or event["type"] == "response.incomplete":
-                session.last_response = event["response"]["id"]
-                return
-            if event["type"] in ("error", "response.failed"):
-                detail = event.get("error") or event.get("response", {}).get("error") or {}
-                status = int(event.get("status") or 500)
-                if status in RETRY_STATUSES or event["type"] == "response.failed":
-                    raise Retry(f"ws {detail.get('code')}")
-                raise CleanError(f"ws {status} {detail.get('code')}")
-    raise Retry("ws closed before the response ended")
+    """One turn on a WebSocket of its own, continuing the session's latest response (any replica's)."""
+    async with connect(ws_url(url), open_timeout=10) as ws:
+        client = WsSession(RawWebSocket(ws), "tiny", "", session.last_response)
+        if drop:
+            client.on_delta = _abandon
+        with classified():
+            await client.send(Turn(None, 0.0, ({"role": "user", "content": text},), 0, tokens, ACT, APPEND))
+    session.last_response = client.previous_id
+
+
+def _abandon(_: str) -> None:
+    raise Retry(ABANDONED)  # leaving the block closes the connection mid-stream
 
 
 @dataclass
@@ -121,10 +117,10 @@ class Driver:
     drop_share: float
     rng: random.Random
     alive: Callable[[int], bool]  # whether a replica still takes requests (the campaign stops one)
-    turns: list[Turn] = field(default_factory=list)
+    turns: list[TurnOutcome] = field(default_factory=list)
 
-    async def run_turn(self, http: httpx.AsyncClient, session: Session, index: int) -> Turn:
-        turn, start = Turn(session.number, index), time.monotonic()
+    async def run_turn(self, http: httpx.AsyncClient, session: Session, index: int) -> TurnOutcome:
+        turn, start = TurnOutcome(session.number, index), time.monotonic()
         text = f"Step {index}: the tool printed {self.rng.randrange(10**6)} lines; what next?"
         replica, first = session.replica, True
         while turn.outcome == "lost" and time.monotonic() - start < self.budget_s:

@@ -140,7 +140,7 @@ def run_benchmark(settings: GatewayBenchSettings, out_dir: Path,
     report = {
         "settings": asdict(settings), "engine_settings": engine_settings.model_dump(), "machine": machine,
         "model_config": asdict(engine.config), "overhead": overhead, "session": session,
-        "goal": bench_report.goal(overhead),
+        "goal": bench_report.goal(overhead), "goals": bench_report.goals(overhead),
         "bench_wall_s": time.perf_counter() - start, "load_average_at_end": list(load_at_end),
     }
     tables = [bench_report.overhead_table(overhead), bench_steps.steps_table(overhead["levels"]),

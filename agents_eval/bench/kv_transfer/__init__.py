@@ -45,8 +45,7 @@ def run_benchmark(settings: KVBenchSettings, out_dir: Path) -> BenchResult:
     report: dict[str, Any] = {
         "settings": asdict(settings) | {"transport": settings.transport.model_dump(mode="json")},
         "machine": machine, "request_bytes": settings.request_bytes, "results": results, "skipped": skipped,
-        "ratios": kv_report.ratios(results, settings.block_tokens),
-        "goals": {key: goal for key, (_, _, goal) in RATIO_GOALS.items()},
+        "ratios": (ratios := kv_report.ratios(results, settings.block_tokens)), "goals": kv_report.goals(ratios),
         "checksum": {"kind": DEFAULT_CHECKSUM.name, "gb_per_s": checksum_speed}}
     files = kv_report.write(out_dir, settings, report)
     return BenchResult(report, files, files.markdown.read_text())
