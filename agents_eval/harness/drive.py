@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agents_eval.harness.client import SessionClient, TurnInput
+from agents_eval.harness.client import ChatSession, HttpPool, SessionClient, TurnInput, WsSession
 from agents_eval.harness.stats import RequestRecord
 
 REFUSALS = (429, 503)  # overload is answered with one of these and a Retry-After
@@ -93,6 +93,26 @@ class Budget:
             return False
         self.sent += 1
         return True
+
+
+def chat_opener(pool: HttpPool, model: str, session_ids: bool) -> OpenSession:
+    """Each session on the chat client: with `session_ids`, under the session's id (`X-Session-Id`: the gateway
+    keeps the session); without, stateless (the whole history resent)."""
+    @asynccontextmanager
+    async def open_session(script: SessionLike) -> AsyncIterator[SessionClient]:
+        yield ChatSession(pool, model, script.system, script.session_id if session_ids else None)
+
+    return open_session
+
+
+def ws_opener(openai_client: Any, model: str) -> OpenSession:
+    """Each session on a Responses WebSocket of its own (`openai_client.responses.connect()`)."""
+    @asynccontextmanager
+    async def open_session(script: SessionLike) -> AsyncIterator[SessionClient]:
+        async with openai_client.responses.connect() as connection:
+            yield WsSession(connection, model, script.system)
+
+    return open_session
 
 
 def planned_requests(workload: WorkloadLike, limits: RunLimits) -> int:

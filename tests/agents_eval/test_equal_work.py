@@ -11,8 +11,7 @@ count the same, a later turn at least as many and at most as many more as its hi
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from dataclasses import replace
 
 import httpx
@@ -21,8 +20,8 @@ import pytest
 
 from agents_eval.bench.agent.configs import COMMON_ENV
 from agents_eval.bench.agent.workload import WorkloadOptions, build_workload
-from agents_eval.harness.client import ChatSession, HttpPool, SessionClient, WsSession
-from agents_eval.harness.drive import OpenSession, RunLimits, SessionLike, drive
+from agents_eval.harness.client import HttpPool
+from agents_eval.harness.drive import OpenSession, RunLimits, chat_opener, drive, ws_opener
 from agents_eval.harness.servers.gateway import model_name, running_gateway
 from agents_eval.harness.servers.process import ServerProcess
 from agents_eval.workloads.types import Workload
@@ -48,16 +47,8 @@ def untimed(workload: Workload, tag: str) -> Workload:
     return replace(workload, sessions=sessions)
 
 
-def opener(client: str, url: str, model: str, pool: HttpPool, sdk: openai.AsyncOpenAI) -> OpenSession:
-    @asynccontextmanager
-    async def open_session(script: SessionLike) -> AsyncIterator[SessionClient]:
-        if client == "ws":
-            async with sdk.responses.connect() as connection:
-                yield WsSession(connection, model, script.system)
-        else:
-            yield ChatSession(pool, model, script.system, script.session_id if client == "chat_session" else None)
-
-    return open_session
+def opener(client: str, model: str, pool: HttpPool, sdk: openai.AsyncOpenAI) -> OpenSession:
+    return ws_opener(sdk, model) if client == "ws" else chat_opener(pool, model, session_ids=client == "chat_session")
 
 
 async def prompt_tokens(url: str, workload: Workload, client: str) -> dict[tuple[str, int], int]:
@@ -66,7 +57,7 @@ async def prompt_tokens(url: str, workload: Workload, client: str) -> dict[tuple
         async with httpx.AsyncClient(base_url=url) as http:
             model = await model_name(http)
         try:
-            result = await drive(untimed(workload, client), opener(client, url, model, pool, sdk), LIMITS,
+            result = await drive(untimed(workload, client), opener(client, model, pool, sdk), LIMITS,
                                  lambda record: None)
         finally:
             await pool.close()
