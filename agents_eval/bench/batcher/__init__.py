@@ -20,7 +20,7 @@ import torch
 
 from agents_eval.bench.batcher import report as batcher_report
 from agents_eval.bench.batcher.drive import Driver
-from agents_eval.bench.batcher.workload import SLO_CLASSES, BatcherBenchSettings, Workload, build_workload
+from agents_eval.bench.batcher.workload import SLO_CLASSES, BatcherBenchSettings, BatcherWorkload, build_workload
 from agents_eval.harness.report import machine_info
 from engine.batcher import PolicyName
 from engine.config import EngineSettings
@@ -50,7 +50,7 @@ def _engine(settings: BatcherBenchSettings, policy: PolicyName) -> LLMEngine:
     return engine
 
 
-def _run_policy(settings: BatcherBenchSettings, policy: PolicyName, workload: Workload) -> dict[str, Any]:
+def _run_policy(settings: BatcherBenchSettings, policy: PolicyName, workload: BatcherWorkload) -> dict[str, Any]:
     engine = _engine(settings, policy)
     start = time.perf_counter()
     driver = Driver(engine, workload)
