@@ -50,7 +50,7 @@ async def _drive(url: str, workload: WorkloadLike, limits: RunLimits) -> DriveRe
     pool = HttpPool(url, limits.request_timeout_s)
     try:
         async with httpx.AsyncClient(base_url=url) as admin:
-            opener = session_opener(RECORDED_CONFIG, HTTP, url, await model_name(admin), pool, None)
+            opener = session_opener(RECORDED_CONFIG, HTTP, await model_name(admin), pool, None)
         return await drive(workload, opener, limits, lambda record: None)
     finally:
         await pool.close()

@@ -23,6 +23,8 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
 from agents_eval.harness.client import ChatSession, HttpPool, SessionClient, TurnInput, WsSession
 from agents_eval.harness.stats import RequestRecord
 
@@ -113,6 +115,12 @@ def ws_opener(openai_client: Any, model: str) -> OpenSession:
             yield WsSession(connection, model, script.system)
 
     return open_session
+
+
+def progress_display() -> Progress:
+    """A progress bar per driven run: description, bar, requests done of `planned_requests`, a note, time."""
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[note]}"), TimeElapsedColumn())
 
 
 def planned_requests(workload: WorkloadLike, limits: RunLimits) -> int:

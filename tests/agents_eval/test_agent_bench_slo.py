@@ -21,12 +21,12 @@ from agents_eval.bench.agent import slo as slo_module
 from agents_eval.bench.agent.bench import AgentBenchSettings, assemble
 from agents_eval.bench.agent.cost import CostSettings, Resources, cost_figures, engine_resources
 from agents_eval.bench.agent.report import config_ratios, goal_check, write
-from agents_eval.bench.agent.run import Point, PointResult, RunOptions, progress_display
+from agents_eval.bench.agent.run import Point, PointResult, RunOptions
 from agents_eval.bench.agent.search import SearchOptions, SearchResult, search_in_turn, search_slo_rate
 from agents_eval.bench.agent.settings import SearchSettings
 from agents_eval.bench.agent.slo import probe_limits
 from agents_eval.bench.agent.workload import WorkloadOptions
-from agents_eval.harness.drive import RunLimits
+from agents_eval.harness.drive import RunLimits, progress_display
 from agents_eval.harness.servers.gateway import COUNTERS
 from agents_eval.harness.stats import RequestRecord, Slo, slo_attainment
 from agents_eval.workloads.types import APPEND, SessionScript, Turn, Workload

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import uvloop
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 
 from agents_eval.bench.agent.configs import COMMON_ENV, CONFIGS
 from agents_eval.bench.agent.gateway import RolePoller, capacity, colocated_threads, deployment_workers
@@ -79,11 +79,6 @@ class Point:
     offered_rate: float  # sessions/s
     result: PointResult
     headline: bool = False  # the configuration's figures in the table: at --rate, or at its SLO rate
-
-
-def progress_display() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[note]}"), TimeElapsedColumn())
 
 
 def measure_point(config: str, tag: str, rate: float, workload: WorkloadLike, options: RunOptions, out_dir: Path,

@@ -8,12 +8,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-from agents_eval.bench.agent.cli import _env_item
 from agents_eval.bench.agent.configs import CONFIGS
-from agents_eval.bench.agent.run import progress_display
 from agents_eval.bench.agent.workload import WORKLOADS
 from agents_eval.bench.overload.overload import OverloadSettings, run_overload
+from agents_eval.harness.drive import progress_display
 from agents_eval.harness.report import BarChart, ReportFiles, Table, write_report
+from agents_eval.harness.servers.gateway import env_item
 from agents_eval.harness.stats import Slo
 
 
@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-retry-wait", type=float, default=d.max_retry_wait_s,
                         help="seconds a client waits for a Retry-After at most")
     parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument("--env", type=_env_item, action="append", default=[], metavar="AGENTSERVE_KEY=VALUE",
+    parser.add_argument("--env", type=env_item, action="append", default=[], metavar="AGENTSERVE_KEY=VALUE",
                         help="setting for every gateway (repeatable)")
 
 

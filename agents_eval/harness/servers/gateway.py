@@ -4,6 +4,7 @@ model name and its /metrics counters. This run's admin key is set for the proces
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import hashlib
 import json
@@ -38,6 +39,14 @@ def running_gateway(model: str, env: dict[str, str], log_path: Path) -> Iterator
                "--port", str(port)]
     with running_process(command, port, env, log_path, "/ready", "the gateway", hidden_env=admin_key_env()) as gateway:
         yield gateway
+
+
+def env_item(text: str) -> tuple[str, str]:
+    """A command line's `--env AGENTSERVE_KEY=VALUE`: one setting for every gateway a benchmark starts."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.startswith("AGENTSERVE_"):
+        raise argparse.ArgumentTypeError(f"--env takes AGENTSERVE_KEY=VALUE, got {text!r}")
+    return key, value
 
 
 async def model_name(http: httpx.AsyncClient) -> str:
