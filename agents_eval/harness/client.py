@@ -9,6 +9,8 @@
   Events go and come as raw JSON (`send_raw`, `recv_bytes`): the SDK's typed events are validated one by one
   with pydantic, 42% of the benchmark process's py-spy samples at 12.8 sessions/s, on the cores the gateway
   and its workers share; the chat client parses its SSE chunks with `json.loads` alike.
+- `chat_chunks`: the SSE chunks of a streamed chat completion or completion; `post_json`: a request answered
+  as one JSON body (chat or completions without `stream`, Responses over HTTP).
 
 Every transport sends the same logical content: a turn whose workload speaks function calling carries its
 `tools` with every request (chat `tools`; over the WebSocket the Responses form `{type, name, description,
