@@ -138,7 +138,11 @@ def test_every_configuration_has_sane_figures(bench: BenchResult) -> None:
             assert 0 < quantiles["p50"] <= quantiles["p90"] <= quantiles["p99"], (name, figure)
     assert report["settings"]["colocated_threads"] >= 1 and "machine" in report
     sources = {name: config["split_source"] for name, config in report["configurations"].items()}
-    assert sources == {"baseline": "/metrics", "disaggregated": "/admin/capacity", "agent": "/admin/capacity"}
+    assert set(sources.values()) == {"/admin/capacity"}  # the baseline's engines are worker processes too
+    deployments = {name: config["deployment"] for name, config in report["configurations"].items()}
+    assert deployments["baseline"]["processes"] == deployments["agent"]["processes"] == 2
+    assert deployments["baseline"]["prefix_caching"] and not deployments["baseline"]["sessions"]
+    assert all(len(turns) >= 1 for turns in report["configurations"]["baseline"]["prompt_tokens_per_turn"].values())
     assert report["settings"]["mode"] == "fixed-rate"
     assert "slo_rate_sessions_per_s" not in report["configurations"]["agent"]
 
@@ -187,8 +191,8 @@ def test_markdown_table_and_plots(bench: BenchResult) -> None:
     markdown = bench.files.markdown.read_text()
     assert ("| configuration | throughput (req/s) | p99 latency | cost ($/1k generated tokens) | cost ($/1k computed "
             "prompt tokens) |") in markdown
-    for label in ("single-node baseline", "disaggregated (DistServe)", "agent-optimized", "agent/baseline",
-                  "## Goal check"):
+    for label in ("colocated engines with prefix caching", "disaggregated (DistServe)", "agent-optimized",
+                  "agent/baseline", "## Goal check"):
         assert label in markdown
     for plot in PLOTS:
         assert (bench.files.json.parent / plot).read_bytes().startswith(PNG), plot
