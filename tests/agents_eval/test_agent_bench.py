@@ -18,7 +18,7 @@ from agents_eval.harness import stats
 from agents_eval.harness.drive import RunLimits
 from agents_eval.harness.servers.gateway import COUNTERS, counter_deltas, parse_metrics
 from agents_eval.harness.stats import RequestRecord, Slo
-from gateway.cli import EXIT_BAD_INPUT, main
+from agentserve.cli import EXIT_BAD_INPUT, main
 
 SLO = Slo(ttft_s=1.0, tpot_s=0.2)
 PNG = b"\x89PNG"

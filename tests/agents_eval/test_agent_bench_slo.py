@@ -30,8 +30,8 @@ from agents_eval.harness.drive import RunLimits, progress_display
 from agents_eval.harness.servers.gateway import COUNTERS
 from agents_eval.harness.stats import RequestRecord, Slo, slo_attainment
 from agents_eval.workloads.types import APPEND, SessionScript, Turn, Workload
+from agentserve.cli import main
 from engine.config import CONFIGS_DIR
-from gateway.cli import main
 
 KNEE = 3.7
 

@@ -12,7 +12,7 @@ import pytest
 from agents_eval.bench.disagg.bench import ROLE_SWAPS, InterferenceWorkload, _Streams, prefills_due, run_benchmark
 from agents_eval.harness.report import JSON_NAME, MARKDOWN_NAME
 from engine.config import EngineSettings
-from engine.output import RequestOutput
+from engine.core.output import RequestOutput
 
 WORKLOAD = InterferenceWorkload(decodes=2, decode_prompt=16, decode_tokens=24, prefills=4, prefill_prompt=384,
                     prefill_every_s=0.25)

@@ -16,7 +16,7 @@ import httpx
 from agents_eval.harness.servers.gateway import ADMIN_HEADERS, scrape
 
 if TYPE_CHECKING:
-    from engine.worker.deployment import DeploymentSettings
+    from engine.workers.deployment import DeploymentSettings
 
 POLL_INTERVAL_S = 0.25
 
@@ -39,7 +39,7 @@ def deployment_workers(user_env: Mapping[str, str]) -> int:
 
 def _deployment(user_env: Mapping[str, str]) -> DeploymentSettings:
     """configs/deployment.yaml with the user's overrides of the split and the threads."""
-    from engine.worker.deployment import DeploymentSettings
+    from engine.workers.deployment import DeploymentSettings
 
     keys = {"prefill", "decode", "threads_per_worker"}
     prefix = "AGENTSERVE_DEPLOYMENT_"

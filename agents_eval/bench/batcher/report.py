@@ -13,7 +13,7 @@ from agents_eval.bench.batcher.drive import RequestTiming
 from agents_eval.bench.batcher.workload import AGENT, KINDS
 from agents_eval.harness.report import BarChart, ReportFiles, Table, write_report
 from agents_eval.harness.stats import percentile
-from engine.slo import SloClass
+from engine.core.slo import SloClass
 
 ALL = "all"
 POLICIES = ("fcfs", "slo")  # in the order they run

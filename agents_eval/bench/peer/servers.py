@@ -20,7 +20,7 @@ from agents_eval.bench.peer.settings import KV_CACHE_BYTES, LLAMA_CPP, PeerSetti
 from agents_eval.harness.servers.gateway import running_gateway
 from agents_eval.harness.servers.process import ServerProcess, free_port, running_process
 from engine.config import CONFIGS_DIR
-from engine.gguf.package import PackagedGGUF
+from engine.model.gguf.package import PackagedGGUF
 
 READY_TIMEOUT_S = 300.0
 

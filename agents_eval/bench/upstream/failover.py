@@ -19,7 +19,7 @@ from agents_eval.bench.upstream.workload import UpstreamBenchSettings
 from agents_eval.harness.servers.gateway import running_gateway
 from agents_eval.harness.servers.process import free_port
 from gateway.auth import ANONYMOUS
-from gateway.session_store import session_key
+from gateway.sessions.store import session_key
 from gateway.upstream.hashing import BoundedLoadRing
 from gateway.upstream.settings import UpstreamPoolSettings
 

@@ -1,4 +1,4 @@
-"""The gateway as a subprocess: `python -m gateway.cli serve` on a free loopback port with the caller's
+"""The gateway as a subprocess: `python -m agentserve serve` on a free loopback port with the caller's
 environment, ready when `GET /ready` answers 200; and what a benchmark reads from a running gateway: its
 model name and its /metrics counters. This run's admin key is set for the process (auth stays off)."""
 
@@ -35,7 +35,7 @@ def admin_key_env() -> dict[str, str]:
 def running_gateway(model: str, env: dict[str, str], log_path: Path) -> Iterator[ServerProcess]:
     """A gateway process until the block exits; its output goes to `log_path`."""
     port = free_port()
-    command = [sys.executable, "-m", "gateway.cli", "serve", "--model", model, "--host", "127.0.0.1",
+    command = [sys.executable, "-m", "agentserve", "serve", "--model", model, "--host", "127.0.0.1",
                "--port", str(port)]
     with running_process(command, port, env, log_path, "/ready", "the gateway", hidden_env=admin_key_env()) as gateway:
         yield gateway
