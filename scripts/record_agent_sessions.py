@@ -21,11 +21,11 @@ from pathlib import Path
 
 import httpx
 
-from agents_eval.bench.agent.client import HttpPool
-from agents_eval.bench.agent.driver import DriveResult, RunLimits, WorkloadLike, drive
-from agents_eval.bench.agent.gateway import model_name, running_gateway
 from agents_eval.bench.agent.run import HTTP, gateway_env, session_opener
 from agents_eval.bench.agent.workload import WorkloadOptions, build_workload
+from agents_eval.harness.client import HttpPool
+from agents_eval.harness.drive import DriveResult, RunLimits, WorkloadLike, drive
+from agents_eval.harness.servers.gateway import model_name, running_gateway
 
 RECORDED_CONFIG = "agent"
 
@@ -50,7 +50,7 @@ async def _drive(url: str, workload: WorkloadLike, limits: RunLimits) -> DriveRe
     pool = HttpPool(url, limits.request_timeout_s)
     try:
         async with httpx.AsyncClient(base_url=url) as admin:
-            opener = session_opener(RECORDED_CONFIG, HTTP, url, await model_name(admin), pool, None)
+            opener = session_opener(RECORDED_CONFIG, HTTP, await model_name(admin), pool, None)
         return await drive(workload, opener, limits, lambda record: None)
     finally:
         await pool.close()

@@ -15,8 +15,8 @@ import pytest
 import torch
 import transformers
 
-from agents_eval.bench.agent.gateway import free_port as free_port  # the tests import it from here
-from agents_eval.bench.redis_server import running_redis
+from agents_eval.harness.servers.process import free_port as free_port  # the tests import it from here
+from agents_eval.harness.servers.redis import running_redis
 
 # Engines size their KV cache from the RAM available at start and allocate it eagerly; the tests start many
 # engines at once (processes of their own included, which inherit this), so they keep a fixed, small pool.

@@ -24,7 +24,7 @@ from typing import Any
 from agents_eval.bench.agent.report import PAIRS
 from agents_eval.bench.agent.settings import DEFAULT_SLO
 from agents_eval.bench.agent.workload import builder, model_context
-from agents_eval.report import Table
+from agents_eval.harness.report import Table
 from agents_eval.sim.calibration import Calibration
 from agents_eval.sim.config import ClusterConfig, Pool, Role
 from agents_eval.sim.experiments import rate_at_slo

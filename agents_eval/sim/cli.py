@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from agents_eval.report import Table, machine_info, markdown_document
+from agents_eval.harness.report import Table, machine_info, markdown_document
 
 SIM_DURATION_S = 90.0  # seconds of session arrivals of a simulated run
 SIM_WARMUP_S = 30.0  # requests arriving before this are not judged

@@ -1,5 +1,5 @@
 """The simulator's plots: SLO attainment against load per configuration, and the role split through a swing.
-Drawn on bare matplotlib Figures (Agg canvas), as agents_eval.report does."""
+Drawn on bare matplotlib Figures (Agg canvas), as agents_eval.harness.report does."""
 
 from __future__ import annotations
 

@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from agents_eval.report import machine_info
+    from agents_eval.harness.report import machine_info
     from engine.config import EngineSettings
 
     measured = profile_engine(args.model, args.max_tokens, args.seed)

@@ -7,7 +7,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from agents_eval.report import Table
+from agents_eval.harness.report import Table
 from agents_eval.sim import experiments
 from agents_eval.sim.config import cluster_config, load_sim_config
 from agents_eval.sim.experiments import Load, placement_search, placements, scale_run, slo_table

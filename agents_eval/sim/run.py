@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
+from agents_eval.harness.stats import percentile
 from agents_eval.sim.cluster import Cluster, build_cluster
 from agents_eval.sim.config import ClusterConfig
 from agents_eval.sim.controller import control
@@ -113,5 +114,5 @@ def summarize(log: RunLog, config: ClusterConfig, price_per_hour: float, window:
 
 
 def _percentiles(values: np.ndarray) -> tuple[float, float, float]:
-    p50, p90, p99 = np.percentile(values, [50, 90, 99])
-    return float(p50), float(p90), float(p99)
+    ordered = values.tolist()
+    return percentile(ordered, 50), percentile(ordered, 90), percentile(ordered, 99)

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 from rich.progress import Progress
 
-from agents_eval.report import Table
+from agents_eval.harness.report import Table
+from agents_eval.harness.stats import percentile
 from agents_eval.sim.calibration import Calibration
 from agents_eval.sim.config import ClusterConfig, EngineKnobs, Pool
 from agents_eval.sim.real_runs import in_process, play, through_processes
@@ -242,10 +243,10 @@ def figure_rows(deployment: str, rate: float, predicted: np.ndarray, runs: list[
     rows = []
     for column, metric in enumerate(("ttft", "tpot")):
         for quantile in (50, 90):
-            p, m = (float(np.percentile(a[:, column], quantile)) for a in (predicted, pooled))
+            p, m = (percentile(a[:, column].tolist(), quantile) for a in (predicted, pooled))
             rows.append({"deployment": deployment, "rate": rate, "figure": f"{metric}_p{quantile}_s",
                          "predicted": p, "measured": m, "relative_error": _error(p, m), "requests": len(runs[0]),
-                         "runs": [float(np.percentile(run[:, column], quantile)) for run in runs]})
+                         "runs": [percentile(run[:, column].tolist(), quantile) for run in runs]})
     return rows
 
 

@@ -1,29 +1,23 @@
-"""`agentserve bench --workload`: the metrics on hand-built records, the open-loop driver on hand-built
-workloads, and short end-to-end runs of real gateways on the `tiny` model."""
+"""`agentserve bench --workload`: the figures on hand-built records, and short end-to-end runs of real gateways
+on the `tiny` model (the harness's client, driver and stats have their own tests in tests/agents_eval/harness)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import math
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from agents_eval.bench.agent import metrics as metrics
 from agents_eval.bench.agent.bench import AgentBenchSettings, BenchResult, run_benchmark
-from agents_eval.bench.agent.client import Reply, SessionClient
 from agents_eval.bench.agent.configs import CONFIGS
-from agents_eval.bench.agent.driver import RunLimits, SessionLike, drive
-from agents_eval.bench.agent.metrics import RequestRecord, Slo
 from agents_eval.bench.agent.report import config_ratios, goal_check
 from agents_eval.bench.agent.run import RunOptions
 from agents_eval.bench.agent.workload import WorkloadOptions, build_workload
-from agents_eval.workloads.types import APPEND, LAST_ACTION, SessionScript, Turn, Workload
+from agents_eval.harness import stats
+from agents_eval.harness.drive import RunLimits
+from agents_eval.harness.servers.gateway import COUNTERS, counter_deltas, parse_metrics
+from agents_eval.harness.stats import RequestRecord, Slo
 from agentserve.cli import EXIT_BAD_INPUT, main
 
 SLO = Slo(ttft_s=1.0, tpot_s=0.2)
@@ -41,22 +35,6 @@ def record(sent: float, ttft: float | None, e2e: float, tokens: int, error: str 
     return RequestRecord("s", 0, "act", sent, ttft, e2e, 100, 40, tokens, error)
 
 
-def test_percentiles_interpolate_between_ranks() -> None:
-    assert metrics.percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5
-    assert metrics.percentile([1.0, 2.0, 3.0, 4.0], 99) == pytest.approx(3.97)
-    assert metrics.percentile([7.0], 99) == 7.0
-    assert math.isnan(metrics.percentile([], 50))
-    summary = metrics.quantiles([float(v) for v in range(1, 101)])
-    assert summary["p50"] == pytest.approx(50.5) and summary["p90"] == pytest.approx(90.1)
-    assert summary["p99"] == pytest.approx(99.01) and summary["mean"] == pytest.approx(50.5)
-
-
-def test_tpot_is_the_gap_between_tokens_after_the_first() -> None:
-    assert metrics.tpot(0.1, 1.0, 10) == pytest.approx(0.1)
-    assert metrics.tpot(0.1, 1.0, 1) is None
-    assert metrics.tpot(None, 1.0, 10) is None
-
-
 def test_slo_attainment_and_goodput_count_failures_as_misses() -> None:
     records = [
         record(0.0, 0.5, 1.4, 10),  # TPOT 0.1: meets both
@@ -65,15 +43,15 @@ def test_slo_attainment_and_goodput_count_failures_as_misses() -> None:
         record(3.0, None, 1.0, 0, error="HTTP 500"),
         record(4.0, 0.3, 1.0, 1),  # one token: TTFT only
     ]
-    assert [metrics.meets_slo(r, SLO) for r in records] == [True, False, False, False, True]
-    assert metrics.slo_attainment(records, SLO) == pytest.approx(2 / 5)
-    assert metrics.measured_window_s(records) == pytest.approx(6.2)  # 0.0 to 2.0 + 4.2
-    summary = metrics.summarize(records, SLO, deltas=dict.fromkeys(metrics.COUNTERS, 0.0))
+    assert [stats.meets_slo(r, SLO) for r in records] == [True, False, False, False, True]
+    assert stats.slo_attainment(records, SLO) == pytest.approx(2 / 5)
+    assert stats.measured_window_s(records) == pytest.approx(6.2)  # 0.0 to 2.0 + 4.2
+    summary = metrics.summarize(records, SLO, deltas=dict.fromkeys(COUNTERS, 0.0))
     assert summary["requests_sent"] == 5 and summary["requests_ok"] == 4 and summary["errors"] == 1
     assert summary["throughput_rps"] == pytest.approx(4 / 6.2)
     assert summary["goodput_rps"] == pytest.approx(2 / 6.2)
     assert summary["output_tokens_per_s"] == pytest.approx(32 / 6.2)
-    assert summary["p99_latency_s"] == pytest.approx(metrics.percentile([1.4, 2.0, 4.2, 1.0], 99))
+    assert summary["p99_latency_s"] == pytest.approx(stats.percentile([1.4, 2.0, 4.2, 1.0], 99))
     assert (summary["prompt_tokens"], summary["cached_tokens"]) == (400, 160)
 
 
@@ -96,10 +74,10 @@ agentserve:num_workers{role="colocated"} 0.0
 
 
 def test_metrics_deltas_give_hit_ratios_and_prefilled_tokens() -> None:
-    after = metrics.parse_metrics(EXPOSITION)
+    after = parse_metrics(EXPOSITION)
     assert after["workers"] == {"prefill": 1, "decode": 3}
-    before = dict.fromkeys(metrics.COUNTERS, 0.0) | {"prompt_tokens": 200.0, "cached_tokens": 100.0}
-    figures = metrics.cache_figures(metrics.counter_deltas(before, after["counters"]))
+    before = dict.fromkeys(COUNTERS, 0.0) | {"prompt_tokens": 200.0, "cached_tokens": 100.0}
+    figures = metrics.cache_figures(counter_deltas(before, after["counters"]))
     assert figures == {"prefix_hit_ratio": 0.25, "kv_hit_ratio": 500 / 800, "prefill_tokens": 300.0,
                        "pruned_tokens": 30.0, "masked_tokens": 0.0}
 
@@ -116,58 +94,6 @@ def test_ratios_are_quotients_and_goal_shortfalls_are_factors() -> None:
     assert checks["throughput"]["measured_as"] == "throughput" and checks["throughput"]["against"] == "baseline"
     assert not checks["p99_latency"]["met"] and checks["p99_latency"]["shortfall"] == pytest.approx(0.25 / 0.2)
     assert checks["cost"]["met"]
-
-
-@dataclass
-class EchoClient:
-    """Stands in for the gateway in driver tests: replies at once, or fails on the turns it is told to."""
-
-    fail_turns: tuple[int, ...] = ()
-    sent: int = 0
-
-    async def send(self, turn: Any) -> Reply:
-        self.sent += 1
-        await asyncio.sleep(0)
-        if self.sent - 1 in self.fail_turns:
-            raise RuntimeError("gateway said no")
-        return Reply("ok", 0.001, 0.002, 10, 0, turn.max_output_tokens)
-
-
-def script(session_id: str, start_s: float, turns: int, gap_s: float = 0.0, history: str = APPEND) -> SessionScript:
-    steps = tuple(Turn(start_s if i == 0 else None, gap_s if i else 0.0, ({"role": "user", "content": f"t{i}"},), 2,
-                       3, "act", history) for i in range(turns))
-    return SessionScript(session_id, start_s, "sys", steps)
-
-
-def run_driver(sessions: tuple[SessionScript, ...], limits: RunLimits, fail_turns: tuple[int, ...] = ()) -> Any:
-    @asynccontextmanager
-    async def open_session(_: SessionLike) -> AsyncIterator[SessionClient]:
-        yield EchoClient(fail_turns)
-
-    return asyncio.run(drive(Workload("hand-built", sessions, {}), open_session, limits, lambda r: None))
-
-
-def test_driver_sends_every_turn_and_stops_at_max_requests() -> None:
-    sessions = (script("a", 0.0, 3), script("b", 0.01, 2))
-    result = run_driver(sessions, RunLimits(duration_s=5.0))
-    assert sorted((r.session_id, r.turn) for r in result.records) == [("a", 0), ("a", 1), ("a", 2), ("b", 0),
-                                                                        ("b", 1)]
-    assert all(r.ok and r.output_tokens == 3 for r in result.records)
-    assert len(run_driver(sessions, RunLimits(duration_s=5.0, max_requests=3)).records) == 3
-
-
-def test_driver_sends_nothing_due_after_the_duration() -> None:
-    sessions = (script("early", 0.0, 5, gap_s=0.05), script("late", 30.0, 2))
-    result = run_driver(sessions, RunLimits(duration_s=0.12, drain_timeout_s=1.0))
-    assert {r.session_id for r in result.records} == {"early"}
-    assert 1 <= len(result.records) < 5
-
-
-def test_driver_counts_a_failed_request_and_ends_its_session() -> None:
-    result = run_driver((script("a", 0.0, 4, history=LAST_ACTION),), RunLimits(duration_s=5.0), fail_turns=(1,))
-    assert [(r.turn, r.ok) for r in result.records] == [(0, True), (1, False)]
-    assert result.records[1].error == "RuntimeError: gateway said no"
-    assert metrics.summarize(result.records, SLO, dict.fromkeys(metrics.COUNTERS, 0.0))["errors"] == 1
 
 
 def test_bench_without_kind_or_workload_is_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -199,8 +125,8 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> BenchResult:
 @pytest.mark.slow
 def test_every_configuration_has_sane_figures(bench: BenchResult) -> None:
     report = json.loads(bench.files.json.read_text())
-    assert set(report["configs"]) == {"baseline", "disaggregated", "agent"}
-    for name, config in report["configs"].items():
+    assert set(report["configurations"]) == {"baseline", "disaggregated", "agent"}
+    for name, config in report["configurations"].items():
         assert config.keys() >= CONFIG_KEYS, name
         assert config["errors"] == 0 and config["session_errors"] == [], name
         assert config["requests_sent"] == config["requests_ok"] == 10, name
@@ -211,9 +137,14 @@ def test_every_configuration_has_sane_figures(bench: BenchResult) -> None:
             quantiles = config["latency"][figure]
             assert 0 < quantiles["p50"] <= quantiles["p90"] <= quantiles["p99"], (name, figure)
     assert report["settings"]["colocated_threads"] >= 1 and "machine" in report
-    sources = {name: config["split_source"] for name, config in report["configs"].items()}
-    assert sources == {"baseline": "/metrics", "disaggregated": "/admin/capacity", "agent": "/admin/capacity"}
-    assert report["settings"]["mode"] == "fixed-rate" and "slo_rate_sessions_per_s" not in report["configs"]["agent"]
+    sources = {name: config["split_source"] for name, config in report["configurations"].items()}
+    assert set(sources.values()) == {"/admin/capacity"}  # the baseline's engines are worker processes too
+    deployments = {name: config["deployment"] for name, config in report["configurations"].items()}
+    assert deployments["baseline"]["processes"] == deployments["agent"]["processes"] == 2
+    assert deployments["baseline"]["prefix_caching"] and not deployments["baseline"]["sessions"]
+    assert all(len(turns) >= 1 for turns in report["configurations"]["baseline"]["prompt_tokens_per_turn"].values())
+    assert report["settings"]["mode"] == "fixed-rate"
+    assert "slo_rate_sessions_per_s" not in report["configurations"]["agent"]
 
 
 @pytest.mark.slow
@@ -235,7 +166,7 @@ def test_pruning_and_masks_engage_where_they_are_on(bench: BenchResult) -> None:
     """The swe workload's observations are tool output with redundancy, and its first session outlives the
     observations masks keep visible: the agent run reports tokens pruned and masked, the others none."""
     report = json.loads(bench.files.json.read_text())
-    for name, config in report["configs"].items():
+    for name, config in report["configurations"].items():
         engaged = CONFIGS[name].pruning
         assert (config["pruned_tokens"] > 0, config["masked_tokens"] > 0) == (engaged, engaged), name
     assert "with pruning and masks on" not in bench.files.markdown.read_text()  # no note of idle pruning
@@ -244,7 +175,7 @@ def test_pruning_and_masks_engage_where_they_are_on(bench: BenchResult) -> None:
 @pytest.mark.slow
 def test_ratios_are_the_configs_quotients(bench: BenchResult) -> None:
     report = json.loads(bench.files.json.read_text())
-    configs, ratios = report["configs"], report["ratios"]
+    configs, ratios = report["configurations"], report["ratios"]
     for top, bottom in (("agent", "baseline"), ("disaggregated", "baseline"), ("agent", "disaggregated")):
         quotient = ratios[f"{top}/{bottom}"]
         for short, key in (("throughput", "throughput_rps"), ("p99_latency", "p99_latency_s"),
@@ -260,8 +191,8 @@ def test_markdown_table_and_plots(bench: BenchResult) -> None:
     markdown = bench.files.markdown.read_text()
     assert ("| configuration | throughput (req/s) | p99 latency | cost ($/1k generated tokens) | cost ($/1k computed "
             "prompt tokens) |") in markdown
-    for label in ("single-node baseline", "disaggregated (DistServe)", "agent-optimized", "agent/baseline",
-                  "## Goal check"):
+    for label in ("colocated engines with prefix caching", "disaggregated (DistServe)", "agent-optimized",
+                  "agent/baseline", "## Goal check"):
         assert label in markdown
     for plot in PLOTS:
         assert (bench.files.json.parent / plot).read_bytes().startswith(PNG), plot
@@ -275,7 +206,7 @@ def test_webarena_through_chat_sessions_from_the_cli(tmp_path: Path) -> None:
     main(["bench", "--workload", "webarena", "--configs", "agent", "--client", "http", "--duration", "15",
           "--rate", "1", "--max-requests", "6", "--warm-up-turns", "1", "--out", str(tmp_path)])
     report = json.loads((tmp_path / "report.json").read_text())
-    agent = report["configs"]["agent"]
+    agent = report["configurations"]["agent"]
     assert report["workload"]["name"] == "webarena" and report["settings"]["client"] == "http"
     assert agent["requests_sent"] == agent["requests_ok"] == 6 and agent["errors"] == 0
     assert agent["kv_hit_ratio"] > 0  # every session shares the instruction prefix

@@ -1,5 +1,6 @@
 """`agentserve bench --workload W --configs ablation`: seven configurations, each adding one step to the one it
-is measured against; what each switches in the gateway; the ablation rows and table built from stub runs."""
+is measured against, from one engine without caching; the default baseline, colocated engines with prefix
+caching; what each switches in the gateway; the ablation rows and table built from stub runs."""
 
 from __future__ import annotations
 
@@ -12,23 +13,25 @@ from agents_eval.bench.agent.ablation import ablation_steps
 from agents_eval.bench.agent.bench import AgentBenchSettings, assemble
 from agents_eval.bench.agent.cli import settings_from_args
 from agents_eval.bench.agent.configs import CONFIGS, DEFAULT_CONFIGS, BenchConfig, config_names
-from agents_eval.bench.agent.metrics import COUNTERS, RequestRecord, Slo
 from agents_eval.bench.agent.notes import notes
 from agents_eval.bench.agent.report import light_load_check, write
 from agents_eval.bench.agent.run import Point, PointResult, gateway_env
 from agents_eval.bench.agent.search import SearchResult
 from agents_eval.bench.agent.settings import SearchSettings
 from agents_eval.bench.agent.workload import WorkloadOptions
+from agents_eval.harness.servers.gateway import COUNTERS
+from agents_eval.harness.stats import RequestRecord, Slo
 from agents_eval.workloads.types import Workload
 from agentserve.cli import EXIT_BAD_INPUT, build_parser, main
 from tests.agents_eval.test_agent_bench_slo import stub_search as slo_stub_search
 
-ABLATION = ("baseline", "caching", "sessions", "pruning", "disaggregated", "routing", "agent")
+ABLATION = ("single", "caching", "sessions", "pruning", "disaggregated", "routing", "agent")
 SWITCHES = ("disaggregated", "prefix_caching", "sessions", "pruning", "routing", "controller")
 ADDED = {"caching": {"prefix_caching"}, "sessions": {"sessions"}, "pruning": {"pruning"},
          "disaggregated": {"disaggregated"}, "routing": {"sessions", "pruning", "routing"}, "agent": {"controller"}}
 SLO = Slo(ttft_s=0.5, tpot_s=0.05)
-KNEES = dict(zip(ABLATION, (0.5, 0.7, 1.1, 1.3, 1.5, 2.9, 3.7), strict=True))
+MEASURED = ("baseline", *ABLATION)
+KNEES = dict(zip(MEASURED, (0.9, 0.5, 0.7, 1.1, 1.3, 1.5, 2.9, 3.7), strict=True))
 
 
 def switches(config: BenchConfig) -> dict[str, bool]:
@@ -36,7 +39,7 @@ def switches(config: BenchConfig) -> dict[str, bool]:
 
 
 def test_ablation_is_seven_configs_each_adding_its_switches_to_the_previous_one() -> None:
-    assert config_names("ablation") == ABLATION and tuple(CONFIGS) == (*ABLATION, "replicas")
+    assert config_names("ablation") == ABLATION and tuple(CONFIGS) == ("baseline", *ABLATION)
     assert config_names("default") == DEFAULT_CONFIGS == ("baseline", "disaggregated", "agent")
     assert config_names("baseline, agent,") == ("baseline", "agent")
     for name, added in ADDED.items():
@@ -45,7 +48,7 @@ def test_ablation_is_seven_configs_each_adding_its_switches_to_the_previous_one(
         now, before = switches(config), switches(CONFIGS[config.previous])
         assert {key for key in SWITCHES if now[key] != before[key]} == added, name
         assert all(now[key] for key in added), name  # steps only add
-    assert all(switches(CONFIGS["agent"]).values()) and not any(switches(CONFIGS["baseline"]).values())
+    assert all(switches(CONFIGS["agent"]).values()) and not any(switches(CONFIGS["single"]).values())
 
 
 def test_each_configuration_sets_its_switches_in_the_gateway_environment() -> None:
@@ -69,19 +72,24 @@ def test_each_configuration_sets_its_switches_in_the_gateway_environment() -> No
         env["routing"]
 
 
-def test_replicas_are_the_disaggregated_workers_each_a_colocated_engine() -> None:
-    """As many colocated engine processes as the other configurations' workers, with their threads: no prefill
-    worker, no controller, no prefix cache, the stateless client."""
-    replicas = CONFIGS["replicas"]
-    assert not any(switches(replicas).values()) and replicas.replicas and replicas.previous is None
-    env = gateway_env("replicas", {"AGENTSERVE_DEPLOYMENT_THREADS_PER_WORKER": "2"})
+def test_the_default_baseline_is_the_agent_workers_each_a_colocated_engine_with_prefix_caching() -> None:
+    """As many colocated engine processes as the agent configuration's workers, with their threads, each with
+    prefix caching on: no prefill worker, no controller, the stateless client; what the report says of it."""
+    baseline = CONFIGS["baseline"]
+    assert switches(baseline) == {**dict.fromkeys(SWITCHES, False), "prefix_caching": True}
+    assert baseline.replicas and baseline.previous is None
+    env = gateway_env("baseline", {"AGENTSERVE_DEPLOYMENT_THREADS_PER_WORKER": "2"})
     assert env["AGENTSERVE_DISAGGREGATED"] == "true" and env["AGENTSERVE_CAPACITY_ENABLED"] == "false"
-    assert env["AGENTSERVE_ENGINE_ENABLE_PREFIX_CACHING"] == "false" and "AGENTSERVE_ENGINE_NUM_THREADS" not in env
+    assert env["AGENTSERVE_ENGINE_ENABLE_PREFIX_CACHING"] == "true" and "AGENTSERVE_ENGINE_NUM_THREADS" not in env
     # the user's split would override this one; without it, 1 + 1 workers become 0 + 2
-    assert gateway_env("replicas", {})["AGENTSERVE_DEPLOYMENT_PREFILL"] == "0"
-    assert gateway_env("replicas", {})["AGENTSERVE_DEPLOYMENT_DECODE"] == "2"
-    assert gateway_env("replicas", {"AGENTSERVE_DEPLOYMENT_DECODE": "3"})["AGENTSERVE_DEPLOYMENT_DECODE"] == "3"
-    assert "replicas" not in config_names("ablation") and "replicas" not in config_names("default")
+    assert gateway_env("baseline", {})["AGENTSERVE_DEPLOYMENT_PREFILL"] == "0"
+    assert gateway_env("baseline", {})["AGENTSERVE_DEPLOYMENT_DECODE"] == "2"
+    assert gateway_env("baseline", {"AGENTSERVE_DEPLOYMENT_DECODE": "3"})["AGENTSERVE_DEPLOYMENT_DECODE"] == "3"
+    assert baseline.deployment(2, 2) == {"kind": "colocated", "processes": 2, "threads_per_process": 2, "threads": 4,
+                                         "prefix_caching": True, "sessions": False}
+    assert CONFIGS["single"].deployment(2, 2) == {"kind": "colocated", "processes": 1, "threads_per_process": 4,
+                                                  "threads": 4, "prefix_caching": False, "sessions": False}
+    assert CONFIGS["agent"].deployment(2, 2)["processes"] == 2 and "baseline" not in config_names("ablation")
 
 
 def test_configs_option_takes_the_named_set_and_rejects_unknown_names(capsys: pytest.CaptureFixture[str]) -> None:
@@ -98,7 +106,7 @@ def test_configs_option_takes_the_named_set_and_rejects_unknown_names(capsys: py
 def stub_point(config: str, rate: float, tag: str) -> Point:
     """20 requests of 10 tokens, half of them late past the configuration's knee; pruning steps prune."""
     late = rate >= KNEES[config]
-    ttft = [2.0 if late and i % 2 else 0.1 * (1 + ABLATION.index(config) % 3) for i in range(20)]
+    ttft = [2.0 if late and i % 2 else 0.1 * (1 + MEASURED.index(config) % 3) for i in range(20)]
     records = [RequestRecord(f"s{i}", 0, "act", i * 0.5, ttft[i], ttft[i] + 0.36, 100, 0, 10) for i in range(20)]
     deltas = dict.fromkeys(COUNTERS, 0.0)
     if CONFIGS[config].pruning:
@@ -117,10 +125,10 @@ def stub_search(config: str) -> tuple[list[Point], SearchResult[Point | None]]:
 
 @pytest.fixture(scope="module")
 def ablation_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    settings = AgentBenchSettings(WorkloadOptions("swe"), configs=ABLATION, slo=SLO, search=SearchSettings())
+    settings = AgentBenchSettings(WorkloadOptions("swe"), configs=MEASURED, slo=SLO, search=SearchSettings())
     points: list[Point] = []
     searches = {}
-    for config in ABLATION:
+    for config in MEASURED:
         config_points, searches[config] = stub_search(config)
         points += config_points
     report = assemble(settings, 0.2, Workload("swe", (), {}), points, searches,
@@ -131,7 +139,7 @@ def ablation_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def test_each_step_is_measured_against_its_previous_one(ablation_report: dict[str, Any]) -> None:
-    configs, steps = ablation_report["configs"], ablation_report["ablation"]
+    configs, steps = ablation_report["configurations"], ablation_report["ablation"]
     assert [(s["config"], s["previous"]) for s in steps] == [(name, CONFIGS[name].previous) for name in ADDED]
     for step in steps:
         now, before = configs[step["config"]], configs[step["previous"]]
@@ -149,14 +157,14 @@ def test_each_step_is_measured_against_its_previous_one(ablation_report: dict[st
 def test_the_report_has_the_ablation_table_and_flags_idle_pruning(ablation_report: dict[str, Any]) -> None:
     markdown = (ablation_report["out"] / "report.md").read_text()
     assert "## Ablation: what each step buys" in markdown
-    assert "| + prefix caching | single-node baseline | prefix caching" in markdown
+    assert "| + prefix caching | one engine, no prefix caching | prefix caching" in markdown
     assert "| agent-optimized | + KV-aware routing, conditional disaggregation | the capacity controller |" in markdown
     assert "routing: 0 tokens masked, with pruning and masks on" in markdown
     assert "pruning: 0 tokens" not in markdown
 
 
 def test_the_default_three_have_no_ablation_rows(ablation_report: dict[str, Any]) -> None:
-    configs = ablation_report["configs"]
+    configs = ablation_report["configurations"]
     assert ablation_steps({name: configs[name] for name in DEFAULT_CONFIGS}) == []
     assert [s["config"] for s in ablation_steps({name: configs[name] for name in ("caching", "disaggregated")})] \
         == ["disaggregated"]

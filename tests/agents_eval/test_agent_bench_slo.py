@@ -20,14 +20,15 @@ from agents_eval.bench.agent import run
 from agents_eval.bench.agent import slo as slo_module
 from agents_eval.bench.agent.bench import AgentBenchSettings, assemble
 from agents_eval.bench.agent.cost import CostSettings, Resources, cost_figures, engine_resources
-from agents_eval.bench.agent.driver import RunLimits
-from agents_eval.bench.agent.metrics import COUNTERS, RequestRecord, Slo, slo_attainment
 from agents_eval.bench.agent.report import config_ratios, goal_check, write
-from agents_eval.bench.agent.run import Point, PointResult, RunOptions, progress_display
+from agents_eval.bench.agent.run import Point, PointResult, RunOptions
 from agents_eval.bench.agent.search import SearchOptions, SearchResult, search_in_turn, search_slo_rate
 from agents_eval.bench.agent.settings import SearchSettings
 from agents_eval.bench.agent.slo import probe_limits
 from agents_eval.bench.agent.workload import WorkloadOptions
+from agents_eval.harness.drive import RunLimits, progress_display
+from agents_eval.harness.servers.gateway import COUNTERS
+from agents_eval.harness.stats import RequestRecord, Slo, slo_attainment
 from agents_eval.workloads.types import APPEND, SessionScript, Turn, Workload
 from agentserve.cli import main
 from engine.config import CONFIGS_DIR
@@ -234,7 +235,7 @@ def stub_report(tmp_path: Path) -> dict[str, Any]:
 
 
 def test_report_of_a_search_has_slo_rates_probes_and_ratios(stub_report: dict[str, Any]) -> None:
-    configs, ratios = stub_report["configs"], stub_report["ratios"]
+    configs, ratios = stub_report["configurations"], stub_report["ratios"]
     for config, knee in KNEES.items():
         figures = configs[config]
         assert figures["slo_rate_sessions_per_s"] < knee <= figures["slo_search"]["bracket"][1], config
@@ -265,11 +266,11 @@ def test_the_p99_goal_is_judged_at_the_baseline_slo_rate(tmp_path: Path) -> None
     extra = stub_point("agent", baseline_rate, "at-baseline-rate")
     report = assemble(settings, 0.2, Workload("swe", (), {}), [*points, extra], searches, {"cpu_count": 2})
     agent_row = next(r for r in report["sweep"]["agent"] if r["offered_rate"] == baseline_rate)
-    expected = agent_row["p99_latency_s"] / report["configs"]["baseline"]["p99_latency_s"]
+    expected = agent_row["p99_latency_s"] / report["configurations"]["baseline"]["p99_latency_s"]
     assert report["ratios"]["agent/baseline"]["p99_latency_at_baseline_rate"] == pytest.approx(expected)
     check = next(c for c in report["goal"] if c["figure"] == "p99_latency")
     assert check["measured_as"] == "p99_latency_at_baseline_rate" and check["measured"] == pytest.approx(expected)
-    assert report["configs"]["agent"]["offered_rate"] != baseline_rate  # the headline stays at its own SLO rate
+    assert report["configurations"]["agent"]["offered_rate"] != baseline_rate  # the headline stays at its own SLO rate
 
 
 def test_report_of_a_search_has_the_table_and_the_attainment_plot(stub_report: dict[str, Any]) -> None:
@@ -304,7 +305,7 @@ def test_search_through_a_real_gateway_from_the_cli(tmp_path: Path, monkeypatch:
     main(["bench", "--workload", "swe", "--configs", "baseline", "--probe-duration", "6", "--search-start", "1",
           "--max-probes", "2", "--slo-ttft", "30", "--slo-tpot", "5", "--warm-up-turns", "1", "--out", str(tmp_path)])
     report = json.loads((tmp_path / "report.json").read_text())
-    baseline = report["configs"]["baseline"]
+    baseline = report["configurations"]["baseline"]
     assert report["settings"]["mode"] == "slo-rate search" and report["settings"]["search"]["max_probes"] == 2
     assert [p["rate"] for p in baseline["slo_probes"]] == [1.0, 4.0]  # an SLO nothing misses: it grows (x4)
     assert baseline["slo_rate_sessions_per_s"] == 4.0 and baseline["slo_search"]["capped"]

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from agents_eval.bench.disagg.bench import ROLE_SWAPS, Workload, _Streams, prefills_due, run_benchmark
-from agents_eval.report import JSON_NAME, MARKDOWN_NAME
+from agents_eval.bench.disagg.bench import ROLE_SWAPS, InterferenceWorkload, _Streams, prefills_due, run_benchmark
+from agents_eval.harness.report import JSON_NAME, MARKDOWN_NAME
 from engine.config import EngineSettings
 from engine.core.output import RequestOutput
 
-WORKLOAD = Workload(decodes=2, decode_prompt=16, decode_tokens=24, prefills=4, prefill_prompt=384,
+WORKLOAD = InterferenceWorkload(decodes=2, decode_prompt=16, decode_tokens=24, prefills=4, prefill_prompt=384,
                     prefill_every_s=0.25)
 SETTINGS = EngineSettings(num_kv_blocks=512, block_size=16, max_num_batched_tokens=64)
 
@@ -50,9 +50,9 @@ def test_a_requests_outputs_within_one_step_are_one_arrival() -> None:
 
 def test_a_workload_that_cannot_run_is_refused() -> None:
     with pytest.raises(ValueError, match="--prefill-every must be above 0"):
-        Workload(prefill_every_s=0).validate()
+        InterferenceWorkload(prefill_every_s=0).validate()
     with pytest.raises(ValueError, match="at least 1"):
-        Workload(prefills=0).validate()
+        InterferenceWorkload(prefills=0).validate()
 
 
 @pytest.mark.slow

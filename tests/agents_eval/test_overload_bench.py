@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from rich.progress import Progress
 
-from agents_eval.bench.agent.metrics import RequestRecord, Slo
 from agents_eval.bench.overload.cli import write
 from agents_eval.bench.overload.outcomes import outcomes
 from agents_eval.bench.overload.overload import OverloadSettings, run_overload
+from agents_eval.harness.stats import RequestRecord, Slo
 
 SLO = Slo(ttft_s=0.5, tpot_s=0.05)
 
@@ -21,6 +21,13 @@ SLO = Slo(ttft_s=0.5, tpot_s=0.05)
 def record(ttft: float | None, e2e: float, tokens: int = 11, error: str | None = None, status: int | None = None,
            retry_after: str | None = None) -> RequestRecord:
     return RequestRecord("s", 0, "act", 0.0, ttft, e2e, 100, 0, tokens, error, status, retry_after)
+
+
+def test_a_turn_retried_after_a_refusal_counts_once_and_its_wait_is_counted_apart() -> None:
+    retried = RequestRecord("s", 0, "act", 1.0, 0.1, 0.6, 100, 0, 11, retries=1, waited_s=1.0)
+    found = outcomes([record(None, 0.01, 0, "RequestFailed: HTTP 429: busy", 429, "1"), retried], SLO)
+    assert (found.sent, found.completed, found.retried_turns) == (2, 1, 1)
+    assert (found.turns_within_slo, found.turns_within_slo_with_waits) == (1, 0)
 
 
 def test_requests_are_sorted_into_completed_refused_timed_out_and_other() -> None:
@@ -32,6 +39,7 @@ def test_requests_are_sorted_into_completed_refused_timed_out_and_other() -> Non
     assert (found.sent, found.completed, found.refused) == (6, 2, {"429": 1, "503": 1})
     assert (found.refused_without_retry_after, found.timed_out, found.other_errors) == (1, 1, 1)
     assert found.admitted_within_slo == 0.5 and math.isclose(found.admitted_ttft_p99_s, 0.892)
+    assert (found.turns_within_slo, found.turns_within_slo_with_waits, found.retried_turns) == (1, 1, 0)
     verdicts = found.verdicts(SLO)
     assert not verdicts["admitted_ttft_p99_within_slo"] and verdicts["admitted_tpot_p99_within_slo"]
     assert not verdicts["refusals_carry_retry_after"] and not verdicts["no_timeouts"]
@@ -48,5 +56,8 @@ def test_a_guarded_gateway_refuses_with_retry_after_and_nothing_times_out(tmp_pa
     assert sum(guarded["refused"].values()) > 0 and guarded["refused_without_retry_after"] == 0
     assert guarded["timed_out"] == unguarded["timed_out"] == 0 and guarded["other_errors"] == 0
     assert unguarded["refused"] == {} and unguarded["completed"] == unguarded["sent"] > 0
+    assert guarded["retried_turns"] > 0  # refused turns were sent again after their Retry-After, and completed
+    names = [g["name"] for g in report["goals"]]
+    assert names[0] == "guarded/unguarded turns completed within the SLO" and len(names) == 6
     files = write(tmp_path / "report", report)
     assert json.loads(files.json.read_text())["offered_rate_sessions_per_s"] == 4.0 and files.chart.exists()

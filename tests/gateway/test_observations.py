@@ -12,7 +12,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agents_eval.bench.agent.client import ChatSession, HttpPool, WsSession
+from agents_eval.harness.client import ChatSession, HttpPool, WsSession
 from agents_eval.workloads import Workload, swe
 
 NOISY = "\n".join(["$ pytest -q", *["FAILED tests/test_app.py::test_x -   AssertionError......."] * 8, "1 failed"])

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agents_eval.bench.agent.configs import CONFIGS
-from agents_eval.bench.agent.metrics import ratio
+from agents_eval.harness.stats import ratio
 
 SLO_RATE, THROUGHPUT = "slo_rate_sessions_per_s", "throughput_rps"
 

@@ -34,12 +34,13 @@ from agents_eval.bench.agent.ablation import ablation_steps
 from agents_eval.bench.agent.cli import add_arguments, settings_from_args
 from agents_eval.bench.agent.gateway import colocated_threads
 from agents_eval.bench.agent.notes import notes
-from agents_eval.bench.agent.run import Point, measure_point, progress_display
+from agents_eval.bench.agent.run import Point, measure_point
 from agents_eval.bench.agent.search import SLO_TARGET, SearchResult
 from agents_eval.bench.agent.settings import AgentBenchSettings
 from agents_eval.bench.agent.slo import Workloads, probe_point, probe_workloads, run_search, start_rate
 from agents_eval.bench.agent.workload import WORKLOADS, build_workload, default_rate, session_rate
-from agents_eval.report import ReportFiles, machine_info
+from agents_eval.harness.drive import progress_display
+from agents_eval.harness.report import ReportFiles, machine_info
 from agents_eval.workloads.types import Workload
 
 __all__ = ["AgentBenchSettings", "BenchResult", "add_arguments", "run", "run_benchmark"]
@@ -126,8 +127,9 @@ def assemble(settings: AgentBenchSettings, rate: float | None, workload: Workloa
     return {
         "workload": {"name": workload.name, "sessions": len(workload.sessions), "requests": workload.num_requests,
                      "settings": workload.settings},
-        "configs": configs, "ratios": ratios, "ablation": ablation_steps(configs),
-        "goal": bench_report.goal_check(ratios), "light_load": bench_report.light_load_check(sweep),
+        "configurations": configs, "ratios": ratios, "ablation": ablation_steps(configs),
+        "goal": (checks := bench_report.goal_check(ratios)),
+        "light_load": (light := bench_report.light_load_check(sweep)), "goals": [*checks, *light],
         "sweep": sweep,
         "settings": {
             "mode": "fixed-rate" if search is None else "slo-rate search", "workload": asdict(settings.workload),

@@ -8,21 +8,15 @@ from typing import Any
 
 from agents_eval.bench.agent.configs import CONFIGS, DEFAULT_CONFIGS, NAMED_SETS, config_names
 from agents_eval.bench.agent.cost import CostSettings
-from agents_eval.bench.agent.driver import RunLimits
-from agents_eval.bench.agent.metrics import Slo
 from agents_eval.bench.agent.run import HTTP, WS, RunOptions
 from agents_eval.bench.agent.search import SearchOptions
 from agents_eval.bench.agent.settings import DEFAULT_SLO, AgentBenchSettings, SearchSettings
 from agents_eval.bench.agent.workload import WORKLOADS, WorkloadOptions
+from agents_eval.harness.drive import RunLimits
+from agents_eval.harness.servers.gateway import env_item
+from agents_eval.harness.stats import Slo
 
 SEARCH = SearchSettings()
-
-
-def _env_item(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key.startswith("AGENTSERVE_"):
-        raise argparse.ArgumentTypeError(f"--env takes AGENTSERVE_KEY=VALUE, got {text!r}")
-    return key, value
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -52,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_search_arguments(parser)
     group.add_argument("--max-requests", type=int, help="requests per point at most")
     group.add_argument("--client", choices=(WS, HTTP), default=WS, help="the agent configuration's session client")
-    group.add_argument("--env", type=_env_item, action="append", default=[], metavar="AGENTSERVE_KEY=VALUE",
+    group.add_argument("--env", type=env_item, action="append", default=[], metavar="AGENTSERVE_KEY=VALUE",
                        help="setting for every gateway (repeatable), e.g. AGENTSERVE_DEPLOYMENT_PREFILL=2")
     group.add_argument("--slo-ttft", type=float, default=DEFAULT_SLO.ttft_s, help="TTFT SLO, seconds")
     group.add_argument("--slo-tpot", type=float, default=DEFAULT_SLO.tpot_s, help="TPOT SLO, seconds")

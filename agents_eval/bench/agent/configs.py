@@ -1,16 +1,17 @@
 """The configurations `agentserve bench --workload` can compare: what each switches on, the gateway
 environment that does it, and the client it gets.
 
-The default three are `baseline`, `disaggregated` and `agent`. `--configs ablation` runs seven, each measured
-against the step named in its `previous` (the ablation table), adding what `adds` says:
+The default three are `baseline`, `disaggregated` and `agent`; the goals are judged against `baseline`.
 
-    baseline -> caching -> sessions -> pruning             (the colocated engine)
-                caching -> disaggregated -> routing -> agent (prefill/decode workers)
+`baseline` is what a user would deploy instead: colocated engine processes, as many as the agent configuration
+has workers (each with that worker's threads), each with prefix caching on (vLLM's default), behind the same
+gateway, least-loaded routing, and a stateless OpenAI client (the whole history resent, no session id).
 
-`replicas` (in neither set) is the baseline as data-parallel engines: as many colocated engine processes as the
-disaggregated configurations have workers, each with their threads, no prefix cache, the stateless client,
-least-loaded routing. On a host where one engine's extra threads add little (`tiny`'s small matrices on two
-cores), it is the stronger baseline.
+`--configs ablation` runs seven, each measured against the step named in its `previous` (the ablation table),
+adding what `adds` says; its first step, `single`, is one engine process with no prefix cache:
+
+    single -> caching -> sessions -> pruning              (one colocated engine)
+              caching -> disaggregated -> routing -> agent (prefill/decode workers)
 
 `disaggregated` is DistServe, with prefix caching and the stateless client: it differs from `caching` by the
 disaggregation alone. KV-aware routing sends a session's turn to the worker holding its KV (session homes,
@@ -41,6 +42,14 @@ class BenchConfig:
     adds: str = ""  # what it adds to `previous`
     replicas: bool = False  # colocated engines, one worker process each, as many as the disaggregated workers
 
+    def deployment(self, workers: int, threads_per_worker: int) -> dict[str, object]:
+        """`configurations.<name>.deployment` of the report: engine processes, torch threads each, caching."""
+        kind = "disaggregated" if self.disaggregated else "colocated"
+        processes = workers if self.disaggregated or self.replicas else 1
+        threads = threads_per_worker if processes > 1 else workers * threads_per_worker
+        return {"kind": kind, "processes": processes, "threads_per_process": threads,
+                "threads": processes * threads, "prefix_caching": self.prefix_caching, "sessions": self.sessions}
+
     def env(self) -> dict[str, str]:
         """The gateway environment of this configuration's switches (COMMON_ENV and user overrides aside)."""
         env = {"AGENTSERVE_DISAGGREGATED": _flag(self.disaggregated or self.replicas),
@@ -63,8 +72,10 @@ def _flag(value: bool) -> str:
 
 
 _ALL = (
-    BenchConfig("baseline", "single-node baseline", False, False, False, False),
-    BenchConfig("caching", "+ prefix caching", False, True, False, False, previous="baseline",
+    BenchConfig("baseline", "colocated engines with prefix caching (default deployment)", False, True, False, False,
+                replicas=True),
+    BenchConfig("single", "one engine, no prefix caching", False, False, False, False),
+    BenchConfig("caching", "+ prefix caching", False, True, False, False, previous="single",
                 adds="prefix caching (blocks shared by hash: the system prompt, resent history)"),
     BenchConfig("sessions", "+ sessions (turn-delta reuse)", False, True, True, False, previous="caching",
                 adds="the session client: the gateway keeps the trajectory, prefills only the turn delta and pins "
@@ -79,11 +90,10 @@ _ALL = (
                      "prefilled on the decode worker"),
     BenchConfig("agent", "agent-optimized", True, True, True, True, routing=True, controller=True,
                 previous="routing", adds="the capacity controller"),
-    BenchConfig("replicas", "colocated replicas (data parallel)", False, False, False, False, replicas=True),
 )
 CONFIGS: Mapping[str, BenchConfig] = {config.name: config for config in _ALL}
 DEFAULT_CONFIGS = ("baseline", "disaggregated", "agent")
-ABLATION_CONFIGS = tuple(config.name for config in _ALL if not config.replicas)
+ABLATION_CONFIGS = tuple(config.name for config in _ALL if config.name != "baseline")
 NAMED_SETS: Mapping[str, tuple[str, ...]] = {"default": DEFAULT_CONFIGS, "ablation": ABLATION_CONFIGS}
 LABELS = {name: config.label for name, config in CONFIGS.items()}
 

@@ -48,7 +48,7 @@ def client_note(settings: AgentBenchSettings) -> str:
 def trajectory_notes(report: Mapping[str, Any]) -> list[str]:
     """Pruning and masks that engaged nothing where they were on: the workload gave them nothing to act on."""
     lines = []
-    for name, figures in report["configs"].items():
+    for name, figures in report["configurations"].items():
         if not CONFIGS[name].pruning:
             continue
         idle = [kind for kind in ("pruned", "masked") if not figures[f"{kind}_tokens"]]
@@ -67,7 +67,7 @@ def search_notes(settings: AgentBenchSettings, report: Mapping[str, Any]) -> lis
              f"{report['settings']['rate']:.3g} sessions/s, x{search.options.growth:g} until one misses, then "
              f"bisected to {search.options.precision:g} relative, {search.options.max_probes} probes at most. "
              "Requests/s at SLO is the throughput of the probe at that rate; P99 and cost are that probe's."]
-    for name, figures in report["configs"].items():
+    for name, figures in report["configurations"].items():
         state = figures["slo_search"]
         if not state["found"]:
             lines.append(f"{name} missed the SLO at every rate probed, down to {state['bracket'][1]:.3g} sessions/s.")
@@ -90,7 +90,7 @@ def machine_notes(report: Mapping[str, Any]) -> list[str]:
 
 
 def config_notes(report: Mapping[str, Any]) -> list[str]:
-    configs = report["configs"]
+    configs = report["configurations"]
     lines = []
     sent = {name: figures["requests_sent"] for name, figures in configs.items()}
     if len(set(sent.values())) > 1:

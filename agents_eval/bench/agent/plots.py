@@ -12,8 +12,8 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from agents_eval.bench.agent.metrics import RequestRecord
-from agents_eval.report import CdfChart, LineChart, save_cdf_chart, save_line_chart
+from agents_eval.harness.report import CdfChart, LineChart, save_cdf_chart, save_line_chart
+from agents_eval.harness.stats import RequestRecord
 
 THROUGHPUT = "throughput_vs_rate.png"
 TIMELINE_STEP_S = 0.25
@@ -98,4 +98,4 @@ def save_all(out_dir: Path, report: Mapping[str, Any], headline: Mapping[str, Se
         save_rate_chart(chart, out_dir / chart.filename)
     for cdf in latency_charts(headline):
         save_cdf_chart(cdf, out_dir / cdf.filename)
-    save_line_chart(timeline_chart(report["configs"]), out_dir / "role_timeline.png")
+    save_line_chart(timeline_chart(report["configurations"]), out_dir / "role_timeline.png")

@@ -6,7 +6,6 @@ point ends (`run.measure_point`)."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -14,16 +13,18 @@ from pathlib import Path
 from typing import Any
 
 from agents_eval.bench.agent import plots as plots
-from agents_eval.bench.agent.configs import LABELS
+from agents_eval.bench.agent.configs import CONFIGS, LABELS
 from agents_eval.bench.agent.cost import CostSettings, cost_figures, engine_resources
-from agents_eval.bench.agent.metrics import Slo, ratio, summarize
+from agents_eval.bench.agent.gateway import deployment_workers, threads_per_worker
+from agents_eval.bench.agent.metrics import summarize
 from agents_eval.bench.agent.run import Point
 from agents_eval.bench.agent.search import Probe, SearchResult
 from agents_eval.bench.agent.tables import markdown
-from agents_eval.report import JSON_NAME, MARKDOWN_NAME, ReportFiles, finite
+from agents_eval.harness.report import ReportFiles, goal, write_report
+from agents_eval.harness.stats import RequestRecord, Slo, ratio
 
 BASELINE, AGENT = "baseline", "agent"
-PAIRS = ((AGENT, BASELINE), ("disaggregated", BASELINE), (AGENT, "disaggregated"), (AGENT, "replicas"))
+PAIRS = ((AGENT, BASELINE), ("disaggregated", BASELINE), (AGENT, "disaggregated"), (BASELINE, "single"))
 LIGHT_LOAD_BOUND = 1.1  # agent p50 and p99 at the lowest rate, at most this times the baseline's
 RATIO_KEYS = {"throughput": "throughput_rps", "goodput": "goodput_rps", "p99_latency": "p99_latency_s",
               "cost": "cost_per_1k_output_tokens", "slo_rate": "slo_rate_sessions_per_s"}
@@ -46,7 +47,20 @@ def config_figures(point: Point, slo: Slo, prices: CostSettings) -> dict[str, An
             "capacity_events": result.capacity["events"], "role_timeline": result.timeline,
             "role_changes": max(0, len(result.timeline) - 1),
             "error_messages": dict(Counter(r.error for r in result.records if r.error).most_common(5)),
-            "model_name": result.model_name}
+            "model_name": result.model_name,
+            "deployment": CONFIGS[point.config].deployment(deployment_workers(result.env),
+                                                           threads_per_worker(result.env)),
+            "prompt_tokens_per_turn": prompt_tokens_per_turn(result.records)}
+
+
+def prompt_tokens_per_turn(records: Sequence[RequestRecord]) -> dict[str, list[int]]:
+    """Per session, the prompt tokens the gateway counted for each completed turn, in turn order: equal work
+    across configurations is checkable from the report (a turn that failed is left out)."""
+    turns: dict[str, dict[int, int]] = {}
+    for record in records:
+        if record.ok:
+            turns.setdefault(record.session_id, {})[record.turn] = record.prompt_tokens
+    return {session: [tokens for _, tokens in sorted(by_turn.items())] for session, by_turn in sorted(turns.items())}
 
 
 def slo_figures(search: SearchResult[Point | None], headline: Mapping[str, Any], precision: float) -> dict[str, Any]:
@@ -107,10 +121,8 @@ def goal_check(ratios: Mapping[str, Mapping[str, float]]) -> list[dict[str, Any]
             key = PREFERRED.get(figure, figure)
             key = key if key in measured_ratios else figure
             measured = measured_ratios[key]
-            met = measured >= target if bound == "min" else measured <= target
-            checks.append({"config": config, "against": against, "figure": figure, "measured_as": key, "bound": bound,
-                           "target": target, "measured": measured, "met": bool(met),
-                           "shortfall": _shortfall(measured, target, bound)})
+            checks.append(goal(f"{pair} {figure}", target, bound, measured, config=config, against=against,
+                               figure=figure, measured_as=key, shortfall=_shortfall(measured, target, bound)))
     return checks
 
 
@@ -125,11 +137,10 @@ def light_load_check(sweep: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[d
     checks = []
     for key, figure in (("p50_latency_s", "p50_latency"), ("p99_latency_s", "p99_latency")):
         measured = ratio(rows[AGENT][rate][key], rows[BASELINE][rate][key])
-        checks.append({"config": AGENT, "against": BASELINE, "figure": figure,
-                       "measured_as": f"{figure} at {rate:.3g} sessions/s",
-                       "rate": rate, "bound": "max", "target": LIGHT_LOAD_BOUND, "measured": measured,
-                       "met": bool(measured <= LIGHT_LOAD_BOUND),
-                       "shortfall": _shortfall(measured, LIGHT_LOAD_BOUND, "max")})
+        checks.append(goal(f"{AGENT}/{BASELINE} {figure} at light load", LIGHT_LOAD_BOUND, "max", measured,
+                           config=AGENT, against=BASELINE, figure=figure,
+                           measured_as=f"{figure} at {rate:.3g} sessions/s", rate=rate,
+                           shortfall=_shortfall(measured, LIGHT_LOAD_BOUND, "max")))
     return checks
 
 
@@ -152,10 +163,7 @@ def sweep_rows(points: Sequence[Point], slo: Slo, prices: CostSettings) -> dict[
 
 
 def write(out_dir: Path, report: dict[str, Any], points: Sequence[Point], notes: Sequence[str]) -> ReportFiles:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    files = ReportFiles(out_dir / JSON_NAME, out_dir / MARKDOWN_NAME, out_dir / plots.THROUGHPUT)
-    files.json.write_text(json.dumps(finite(report), indent=2) + "\n")
-    files.markdown.write_text(markdown(report, notes))
+    files = write_report(out_dir, report, "", (), None, markdown=markdown(report, notes))
     headline = {p.config: p.result.records for p in points if p.headline}
     plots.save_all(out_dir, report, headline)
-    return files
+    return ReportFiles(files.json, files.markdown, out_dir / plots.THROUGHPUT)

@@ -10,32 +10,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import uvloop
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 
-from agents_eval.bench.agent.client import ChatSession, HttpPool, SessionClient, WsSession
 from agents_eval.bench.agent.configs import COMMON_ENV, CONFIGS
-from agents_eval.bench.agent.driver import OpenSession, RunLimits, SessionLike, WorkloadLike, drive, planned_requests
-from agents_eval.bench.agent.gateway import (
-    GatewayProcess,
-    RolePoller,
-    capacity,
-    colocated_threads,
-    deployment_workers,
-    model_name,
-    running_gateway,
-    scrape,
-)
-from agents_eval.bench.agent.metrics import RequestRecord, counter_deltas
+from agents_eval.bench.agent.gateway import RolePoller, capacity, colocated_threads, deployment_workers
 from agents_eval.bench.agent.workload import warm_up_workload
-from agents_eval.report import finite
+from agents_eval.harness.client import HttpPool
+from agents_eval.harness.drive import (
+    OpenSession,
+    RunLimits,
+    WorkloadLike,
+    chat_opener,
+    drive,
+    planned_requests,
+    ws_opener,
+)
+from agents_eval.harness.report import finite
+from agents_eval.harness.servers.gateway import counter_deltas, model_name, running_gateway, scrape
+from agents_eval.harness.servers.process import ServerProcess
+from agents_eval.harness.stats import RequestRecord
 from engine.gc_heap import heap_frozen
 
 WS, HTTP = "ws", "http"
@@ -81,11 +81,6 @@ class Point:
     headline: bool = False  # the configuration's figures in the table: at --rate, or at its SLO rate
 
 
-def progress_display() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[note]}"), TimeElapsedColumn())
-
-
 def measure_point(config: str, tag: str, rate: float, workload: WorkloadLike, options: RunOptions, out_dir: Path,
                   progress: Progress) -> Point:
     """One point on a fresh gateway, its requests on a progress bar; the log in `logs/gateway-<config>-<tag>.log`,
@@ -126,25 +121,12 @@ def gateway_env(config: str, user_env: Mapping[str, str]) -> dict[str, str]:
     return {**env, **user_env}
 
 
-def session_opener(config: str, client: str, url: str, model: str, pool: HttpPool,
-                   openai_client: Any) -> OpenSession:
+def session_opener(config: str, client: str, model: str, pool: HttpPool, openai_client: Any) -> OpenSession:
     if not CONFIGS[config].sessions:
-        return lambda script: _chat(pool, model, script, None)
+        return chat_opener(pool, model, session_ids=False)
     if client == HTTP:
-        return lambda script: _chat(pool, model, script, script.session_id)
-    return lambda script: _ws(openai_client, model, script)
-
-
-@asynccontextmanager
-async def _chat(pool: HttpPool, model: str, script: SessionLike, session_id: str | None,
-                ) -> AsyncIterator[SessionClient]:
-    yield ChatSession(pool, model, script.system, session_id)
-
-
-@asynccontextmanager
-async def _ws(openai_client: Any, model: str, script: SessionLike) -> AsyncIterator[SessionClient]:
-    async with openai_client.responses.connect() as connection:
-        yield WsSession(connection, model, script.system)
+        return chat_opener(pool, model, session_ids=True)
+    return ws_opener(openai_client, model)
 
 
 def run_point(config: str, workload: WorkloadLike, options: RunOptions, log_path: Path,
@@ -156,7 +138,7 @@ def run_point(config: str, workload: WorkloadLike, options: RunOptions, log_path
         return uvloop.run(_measure(config, gateway, workload, options, on_record))
 
 
-async def _measure(config: str, gateway: GatewayProcess, workload: WorkloadLike, options: RunOptions,
+async def _measure(config: str, gateway: ServerProcess, workload: WorkloadLike, options: RunOptions,
                    on_record: Callable[[RequestRecord], None]) -> PointResult:
     import openai
 
@@ -166,7 +148,7 @@ async def _measure(config: str, gateway: GatewayProcess, workload: WorkloadLike,
     try:
         async with httpx.AsyncClient(base_url=gateway.url, timeout=ADMIN_TIMEOUT_S) as admin:
             name = await model_name(admin)
-            opener = session_opener(config, options.client, gateway.url, name, pool, openai_client)
+            opener = session_opener(config, options.client, name, pool, openai_client)
             await _warm_up(opener, options)
             before = await scrape(admin)
             poller = RolePoller(admin)

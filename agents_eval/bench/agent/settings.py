@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 
 from agents_eval.bench.agent.configs import CONFIGS, DEFAULT_CONFIGS, NAMED_SETS
 from agents_eval.bench.agent.cost import CostSettings
-from agents_eval.bench.agent.metrics import Slo
 from agents_eval.bench.agent.run import HTTP, WS, RunOptions
 from agents_eval.bench.agent.search import SearchOptions
 from agents_eval.bench.agent.workload import WorkloadOptions
-from agents_eval.report import check_settings
+from agents_eval.harness.report import check_settings
+from agents_eval.harness.stats import Slo
 
 # About 10x what an unloaded gateway gives the tiny model on 2 CPU cores (TTFT ~50 ms, TPOT ~5 ms); set both
 # for a real model and machine.

@@ -17,12 +17,12 @@ from pathlib import Path
 
 from rich.progress import Progress, TaskID
 
-from agents_eval.bench.agent.driver import RunLimits
-from agents_eval.bench.agent.metrics import Slo, slo_attainment
 from agents_eval.bench.agent.run import Point, RunOptions, measure_point
 from agents_eval.bench.agent.search import SearchResult, search_in_turn
 from agents_eval.bench.agent.settings import AgentBenchSettings, SearchSettings
 from agents_eval.bench.agent.workload import WorkloadOptions, build_workload, default_rate, session_rate
+from agents_eval.harness.drive import RunLimits
+from agents_eval.harness.stats import Slo, slo_attainment
 from agents_eval.workloads.types import Workload
 
 DRAIN_MARGIN_S = 1.0

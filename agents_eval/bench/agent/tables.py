@@ -10,7 +10,7 @@ from typing import Any
 
 from agents_eval.bench.agent.ablation import SLO_RATE
 from agents_eval.bench.agent.configs import LABELS
-from agents_eval.report import Table
+from agents_eval.harness.report import Table
 
 COST_HEADERS = ["cost ($/1k generated tokens)", "cost ($/1k computed prompt tokens)"]
 RATIO_COLUMNS = {"slo_rate": "throughput at SLO", "throughput": "throughput", "goodput": "goodput",
@@ -131,7 +131,7 @@ def goal_lines(checks: Sequence[Mapping[str, Any]]) -> list[str]:
 def markdown(report: Mapping[str, Any], notes: Sequence[str]) -> str:
     """The headline table, the ratios, the ablation and the goal check first; then the search, details, the
     sweep, notes."""
-    configs, sweep, search = report["configs"], report["sweep"], report["settings"]["search"]
+    configs, sweep, search = report["configurations"], report["sweep"], report["settings"]["search"]
     head = slo_table(configs) if search is not None else main_table(configs)
     ratios = [ratio_table(report["ratios"]).to_markdown()] if report["ratios"] else []
     if report.get("ablation"):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from agents_eval.workloads.types import APPEND, Workload
+from agents_eval.workloads.types import ACT, APPEND, SessionScript, Turn, Workload
 from engine.model.loader import load_tokenizer, resolve_model
 from engine.model.tokenizer import Tokenizer
 
@@ -72,33 +72,8 @@ def build_workload(options: WorkloadOptions, model: str, rate: float | None) -> 
     return workload
 
 
-@dataclass(frozen=True)
-class WarmUpTurn:
-    new_messages: tuple[dict[str, str], ...]
-    max_output_tokens: int = 8
-    at_s: float | None = None
-    tool_gap_s: float = 0.0
-    phase: str = "act"
-    history: str = APPEND
-
-
-@dataclass(frozen=True)
-class WarmUpSession:
-    turns: tuple[WarmUpTurn, ...]
-    session_id: str = "bench-warm-up"
-    start_s: float = 0.0
-    system: str = WARM_UP_SYSTEM
-
-
-@dataclass(frozen=True)
-class WarmUp:
+def warm_up_workload(turns: int) -> Workload:
     """A short session of its own (its own system prompt: it primes no cache the measured sessions use)."""
-
-    sessions: tuple[WarmUpSession, ...]
-    name: str = "warm-up"
-
-
-def warm_up_workload(turns: int) -> WarmUp:
-    steps = tuple(WarmUpTurn(({"role": "user", "content": f"Warm-up step {i}: list the files, then run the tests."},))
-                  for i in range(turns))
-    return WarmUp((WarmUpSession(steps),))
+    asks = ({"role": "user", "content": f"Warm-up step {i}: list the files, then run the tests."} for i in range(turns))
+    steps = tuple(Turn(None, 0.0, (ask,), 0, 8, ACT, APPEND) for ask in asks)
+    return Workload("warm-up", (SessionScript("bench-warm-up", 0.0, WARM_UP_SYSTEM, steps),), {})

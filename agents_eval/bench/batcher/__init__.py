@@ -20,8 +20,8 @@ import torch
 
 from agents_eval.bench.batcher import report as batcher_report
 from agents_eval.bench.batcher.drive import Driver
-from agents_eval.bench.batcher.workload import SLO_CLASSES, BatcherBenchSettings, Workload, build_workload
-from agents_eval.report import machine_info
+from agents_eval.bench.batcher.workload import SLO_CLASSES, BatcherBenchSettings, BatcherWorkload, build_workload
+from agents_eval.harness.report import machine_info
 from engine.config import EngineSettings
 from engine.core.llm_engine import LLMEngine
 from engine.core.queue_policy import PolicyName
@@ -50,7 +50,7 @@ def _engine(settings: BatcherBenchSettings, policy: PolicyName) -> LLMEngine:
     return engine
 
 
-def _run_policy(settings: BatcherBenchSettings, policy: PolicyName, workload: Workload) -> dict[str, Any]:
+def _run_policy(settings: BatcherBenchSettings, policy: PolicyName, workload: BatcherWorkload) -> dict[str, Any]:
     engine = _engine(settings, policy)
     start = time.perf_counter()
     driver = Driver(engine, workload)

@@ -8,7 +8,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from agents_eval.bench.batcher.workload import CHAT, SLO_CLASSES, VIP_AGENT, AgentSession, Workload
+from agents_eval.bench.batcher.workload import CHAT, SLO_CLASSES, VIP_AGENT, AgentSession, BatcherWorkload
 from engine.core.llm_engine import LLMEngine
 from engine.core.output import RequestOutput
 from engine.core.sampling.sampler import SamplingParams
@@ -61,7 +61,7 @@ class _Session:
 
 
 class Driver:
-    def __init__(self, engine: LLMEngine, workload: Workload) -> None:
+    def __init__(self, engine: LLMEngine, workload: BatcherWorkload) -> None:
         self.engine = engine
         self.step = 0
         self.chats = deque(workload.chats)

@@ -11,7 +11,8 @@ import numpy as np
 
 from agents_eval.bench.batcher.drive import RequestTiming
 from agents_eval.bench.batcher.workload import AGENT, KINDS
-from agents_eval.report import BarChart, ReportFiles, Table, write_report
+from agents_eval.harness.report import BarChart, ReportFiles, Table, write_report
+from agents_eval.harness.stats import percentile
 from engine.core.slo import SloClass
 
 ALL = "all"
@@ -22,7 +23,7 @@ METRICS = ("ttft_s", "tpot_s", "ttft_steps", "tpot_steps")
 def _percentiles(values: Sequence[float]) -> dict[str, float | None]:
     if not values:
         return {"p50": None, "p99": None}
-    return {"p50": float(np.percentile(values, 50)), "p99": float(np.percentile(values, 99))}
+    return {"p50": percentile(values, 50), "p99": percentile(values, 99)}
 
 
 def _figures(timings: Sequence[RequestTiming], targets: Mapping[str, SloClass]) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from agents_eval.report import check_settings
+from agents_eval.harness.report import check_settings
 
 CHAT, AGENT, VIP_AGENT = "chat", "agent", "vip agent"
 KINDS = (CHAT, AGENT, VIP_AGENT)
@@ -77,7 +77,7 @@ class AgentSession:
 
 
 @dataclass(frozen=True)
-class Workload:
+class BatcherWorkload:
     chats: list[ChatRequest]
     sessions: list[AgentSession]
 
@@ -109,10 +109,10 @@ def _session(settings: BatcherBenchSettings, rng: random.Random, index: int, voc
     return AgentSession(f"session-{index}", VIP_AGENT if index == 0 else AGENT, turns)
 
 
-def build_workload(settings: BatcherBenchSettings, vocab_size: int, max_model_len: int) -> Workload:
+def build_workload(settings: BatcherBenchSettings, vocab_size: int, max_model_len: int) -> BatcherWorkload:
     if settings.max_context() >= max_model_len:
         raise ValueError(f"an agent session can reach {settings.max_context()} tokens; the model's context is "
                          f"{max_model_len}: lower --turns or the token ranges")
     rng = random.Random(settings.seed)
     chats = _chats(settings, rng, vocab_size)
-    return Workload(chats, [_session(settings, rng, i, vocab_size) for i in range(settings.sessions)])
+    return BatcherWorkload(chats, [_session(settings, rng, i, vocab_size) for i in range(settings.sessions)])

@@ -21,7 +21,8 @@ from rich.progress import Progress, track
 
 from agents_eval.bench.capacity.simulated import simulate_swing
 from agents_eval.bench.capacity.swing import RunResult, SwingWorkload, run_swing
-from agents_eval.report import LineChart, Table, machine_info, write_report
+from agents_eval.harness.report import LineChart, Table, machine_info, write_report
+from agents_eval.harness.stats import percentile
 from engine.capacity.settings import CapacitySettings
 
 GOAL_S, AIM_S = 0.5, 0.1
@@ -33,8 +34,7 @@ ROLE_FOR = {"think": "prefill", "act": "decode"}
 def p99(values: list[float]) -> float | None:
     if not values:
         return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    return percentile(values, 99)
 
 
 def reallocations(result: RunResult) -> list[dict[str, Any]]:
@@ -84,7 +84,7 @@ def goal(shifts: list[dict[str, Any]], moves: list[dict[str, Any]], summaries: d
 
 def summary(result: RunResult) -> dict[str, Any]:
     return {"requests": result.requests, "finished": result.finished, "p99_ttft_s": p99(result.ttft_s),
-            "p99_tpot_s": p99(result.tpot_s), "p50_ttft_s": statistics.median(result.ttft_s) if result.ttft_s else None,
+            "p99_tpot_s": p99(result.tpot_s), "p50_ttft_s": percentile(result.ttft_s, 50) if result.ttft_s else None,
             "p50_tpot_s": statistics.median(result.tpot_s) if result.tpot_s else None}
 
 

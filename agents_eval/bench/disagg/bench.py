@@ -21,7 +21,8 @@ import torch
 from rich.console import Console
 
 from agents_eval.bench.disagg.switch import BusyLoad, BusyShape, measure_switches, random_prompt
-from agents_eval.report import BarChart, Table, check_settings, machine_info, write_report
+from agents_eval.harness.report import BarChart, Table, check_settings, machine_info, write_report
+from agents_eval.harness.stats import percentile
 from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
 from engine.core.llm_engine import LLMEngine
@@ -45,7 +46,7 @@ class Engine(Protocol):
 
 
 @dataclass
-class Workload:
+class InterferenceWorkload:
     decodes: int = 8
     decode_prompt: int = 64
     decode_tokens: int = 96
@@ -109,7 +110,7 @@ class _Streams:
             self.last_seen[request_id] = now
 
 
-def drive(engine: Engine, workload: Workload) -> InterferenceResult:
+def drive(engine: Engine, workload: InterferenceWorkload) -> InterferenceResult:
     """Start the decode streams, then release long prefill i at start + i * prefill_every_s while they run:
     the same schedule for every engine, however fast its prefills answer."""
     rng = random.Random(workload.seed)
@@ -136,8 +137,7 @@ def drive(engine: Engine, workload: Workload) -> InterferenceResult:
 
 
 def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return percentile(values, q * 100.0)
 
 
 def _ms(seconds: float) -> float:
@@ -163,7 +163,7 @@ class _Colocated:
         return self.engine.has_unfinished()
 
 
-def run_benchmark(model: str, workload: Workload, out_dir: Path, transport: str = "shm",
+def run_benchmark(model: str, workload: InterferenceWorkload, out_dir: Path, transport: str = "shm",
                   settings: EngineSettings | None = None) -> dict[str, Any]:
     workload.validate()
     console = Console(stderr=True)
@@ -239,14 +239,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--model", default="small")
     parser.add_argument("--transport", default="shm", choices=["shm", "tcp"])
-    parser.add_argument("--decodes", type=int, default=Workload.decodes)
-    parser.add_argument("--decode-tokens", type=int, default=Workload.decode_tokens)
-    parser.add_argument("--prefills", type=int, default=Workload.prefills)
-    parser.add_argument("--prefill-prompt", type=int, default=Workload.prefill_prompt)
-    parser.add_argument("--prefill-every", type=float, default=Workload.prefill_every_s)
+    parser.add_argument("--decodes", type=int, default=InterferenceWorkload.decodes)
+    parser.add_argument("--decode-tokens", type=int, default=InterferenceWorkload.decode_tokens)
+    parser.add_argument("--prefills", type=int, default=InterferenceWorkload.prefills)
+    parser.add_argument("--prefill-prompt", type=int, default=InterferenceWorkload.prefill_prompt)
+    parser.add_argument("--prefill-every", type=float, default=InterferenceWorkload.prefill_every_s)
 
 
 def run(args: argparse.Namespace) -> None:
-    workload = Workload(decodes=args.decodes, decode_tokens=args.decode_tokens, prefills=args.prefills,
+    workload = InterferenceWorkload(decodes=args.decodes, decode_tokens=args.decode_tokens, prefills=args.prefills,
                         prefill_prompt=args.prefill_prompt, prefill_every_s=args.prefill_every)
     run_benchmark(args.model, workload, args.out, args.transport)

@@ -30,7 +30,7 @@ from agents_eval.bench.engine.workload import (
     make_workload,
     random_prompt,
 )
-from agents_eval.report import ReportFiles, check_settings, machine_info, write_report
+from agents_eval.harness.report import ReportFiles, check_settings, machine_info, write_report
 from engine.config import EngineSettings
 from engine.core.llm_engine import LLMEngine
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from agents_eval.bench.engine.engine import PrefixCacheTiming
 from agents_eval.bench.engine.workload import BenchRequest, RunResult
-from agents_eval.report import BarChart, Table
+from agents_eval.harness.report import BarChart, Table, goal
 from engine.core.llm_engine import LLMEngine
 
 GOAL_RATIO = 3.0
@@ -63,7 +63,8 @@ def report_json(settings: dict[str, Any], machine: dict[str, Any], engine: LLMEn
                      "output_tokens": sum(r.output_len for r in workload)},
         **_runs_json(figures, engine),
         "hf_attn_implementation": figures.hf_attn_implementation,
-        "ratios": _ratios(figures),
+        "ratios": (ratios := _ratios(figures)),
+        "goals": [goal("tokens/s, engine / HF transformers sequential", GOAL_RATIO, "min", ratios["vs_hf_sequential"])],
         "prefix_cache": figures.prefix.to_json(),
         **end,
     }

@@ -17,7 +17,7 @@ from rich.progress import Progress
 
 from agents_eval.bench.faults.audit import audit_sessions, kv_blocks_in_use, settled_kv_blocks
 from agents_eval.bench.faults.deployment import Deployment
-from agents_eval.bench.faults.sessions import Driver, Session, Turn
+from agents_eval.bench.faults.sessions import Driver, Session, TurnOutcome
 
 PROTOCOLS = ("responses", "chat", "ws")
 SCHEDULE = ((0.15, "kill decode worker"), (0.3, "kill prefill worker"), (0.45, "kill redis"),
@@ -37,7 +37,7 @@ class CampaignSettings:
 
 @dataclass
 class CampaignResult:
-    turns: list[Turn]
+    turns: list[TurnOutcome]
     sessions: list[Session]
     timeline: list[tuple[float, str]] = field(default_factory=list)  # (seconds from start, what happened)
     audit: dict[str, int] = field(default_factory=dict)

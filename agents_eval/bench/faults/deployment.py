@@ -15,14 +15,15 @@ from typing import Any
 
 import httpx
 
-from agents_eval.bench.agent.gateway import ADMIN_HEADERS, GatewayProcess, running_gateway
-from agents_eval.bench.redis_server import RedisServer, running_redis
+from agents_eval.harness.servers.gateway import ADMIN_HEADERS, running_gateway
+from agents_eval.harness.servers.process import ServerProcess
+from agents_eval.harness.servers.redis import RedisServer, running_redis
 
 
 @dataclass
 class Deployment:
     redis: RedisServer
-    replicas: list[GatewayProcess]
+    replicas: list[ServerProcess]
     workers: list[dict[str, Any]]  # replica 0's, as /admin/capacity listed them before the load (roles stay)
     stopped: set[int] = field(default_factory=set)  # replicas the campaign SIGTERMed
     killed: set[int] = field(default_factory=set)  # worker pids the campaign SIGKILLed

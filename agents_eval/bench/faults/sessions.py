@@ -7,16 +7,19 @@ or lost (no answer at all)."""
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import websockets
 from websockets.asyncio.client import connect
+
+from agents_eval.harness.client import RawWebSocket, RequestFailed, WsSession, chat_chunks, post_json, ws_url
+from agents_eval.workloads.types import ACT, APPEND, Turn
 
 RETRY_STATUSES = (429, 502, 503)
 ABANDONED = "abandoned"  # the client dropped the stream on purpose (a fault of the campaign)
@@ -33,7 +36,9 @@ class Retry(Exception):
 
 
 @dataclass
-class Turn:
+class TurnOutcome:
+    """What became of one turn: each attempt's outcome and when it ended, the final outcome, the latency."""
+
     session: int
     index: int
     attempts: list[str] = field(default_factory=list)  # the outcome of each attempt
@@ -53,27 +58,26 @@ class Session:
     session_id: str = ""
 
 
-def error_of(response: httpx.Response) -> str:
+@contextlib.contextmanager
+def classified() -> Iterator[None]:
+    """The harness client's failure as the campaign counts it: a refusal or an in-stream error is retried (after
+    its Retry-After), any other OpenAI-shaped answer is a clean error."""
     try:
-        error = response.json()["error"]
-        return f"{response.status_code} {error.get('code') or error.get('type')}"
-    except (ValueError, KeyError, TypeError):
-        return f"{response.status_code} not OpenAI-shaped"
-
-
-def check(response: httpx.Response) -> None:
-    if response.status_code in RETRY_STATUSES:
-        raise Retry(error_of(response), float(response.headers.get("retry-after", "0.5") or 0.5))
-    if response.status_code != 200:
-        raise CleanError(error_of(response))
+        yield
+    except RequestFailed as failed:
+        if failed.status is None:
+            raise Retry(f"stream error {failed.code}") from failed
+        label = f"{failed.status} {failed.code or 'not OpenAI-shaped'}"
+        if failed.status in RETRY_STATUSES:
+            raise Retry(label, float(failed.retry_after or 0.5)) from failed
+        raise CleanError(label) from failed
 
 
 async def responses_turn(http: httpx.AsyncClient, url: str, session: Session, text: str, tokens: int) -> None:
     body = {"model": "tiny", "input": text, "max_output_tokens": tokens, "temperature": 0,
             **({"previous_response_id": session.last_response} if session.last_response else {})}
-    response = await http.post(f"{url}/v1/responses", json=body)
-    check(response)
-    session.last_response = response.json()["id"]
+    with classified():
+        session.last_response = (await post_json(http, f"{url}/v1/responses", body))["id"]
 
 
 async def chat_turn(http: httpx.AsyncClient, url: str, session: Session, text: str, tokens: int,
@@ -81,42 +85,28 @@ async def chat_turn(http: httpx.AsyncClient, url: str, session: Session, text: s
     messages = [*session.messages, {"role": "user", "content": text}]
     body = {"model": "tiny", "messages": messages, "max_tokens": tokens, "temperature": 0, "stream": True}
     reply: list[str] = []
-    async with http.stream("POST", f"{url}/v1/chat/completions", json=body,
-                           headers={"X-Session-Id": session.session_id}) as response:
-        if response.status_code != 200:
-            await response.aread()
-            check(response)
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
+    with classified():
+        async for chunk in chat_chunks(http, body, {"X-Session-Id": session.session_id},
+                                       f"{url}/v1/chat/completions"):
             if drop:
                 raise Retry(ABANDONED)  # leaving the block closes the connection mid-stream
-            chunk = json.loads(line.removeprefix("data: "))
-            if "error" in chunk:
-                raise Retry(f"stream error {chunk['error'].get('code')}")
             reply.extend(choice["delta"].get("content") or "" for choice in chunk.get("choices", []))
     session.messages = [*messages, {"role": "assistant", "content": "".join(reply)}]
 
 
 async def ws_turn(url: str, session: Session, text: str, tokens: int, drop: bool) -> None:
-    request = {"type": "response.create", "model": "tiny", "input": text, "max_output_tokens": tokens,
-               "temperature": 0, **({"previous_response_id": session.last_response} if session.last_response else {})}
-    async with connect(url.replace("http://", "ws://") + "/v1/responses", open_timeout=10) as ws:
-        await ws.send(json.dumps(request))
-        async for frame in ws:
-            event = json.loads(frame)
-            if drop and event["type"] == "response.output_text.delta":
-                raise Retry(ABANDONED)
-            if event["type"] == "response.completed" or event["type"] == "response.incomplete":
-                session.last_response = event["response"]["id"]
-                return
-            if event["type"] in ("error", "response.failed"):
-                detail = event.get("error") or event.get("response", {}).get("error") or {}
-                status = int(event.get("status") or 500)
-                if status in RETRY_STATUSES or event["type"] == "response.failed":
-                    raise Retry(f"ws {detail.get('code')}")
-                raise CleanError(f"ws {status} {detail.get('code')}")
-    raise Retry("ws closed before the response ended")
+    """One turn on a WebSocket of its own, continuing the session's latest response (any replica's)."""
+    async with connect(ws_url(url), open_timeout=10) as ws:
+        client = WsSession(RawWebSocket(ws), "tiny", "", session.last_response)
+        if drop:
+            client.on_delta = _abandon
+        with classified():
+            await client.send(Turn(None, 0.0, ({"role": "user", "content": text},), 0, tokens, ACT, APPEND))
+    session.last_response = client.previous_id
+
+
+def _abandon(_: str) -> None:
+    raise Retry(ABANDONED)  # leaving the block closes the connection mid-stream
 
 
 @dataclass
@@ -127,10 +117,10 @@ class Driver:
     drop_share: float
     rng: random.Random
     alive: Callable[[int], bool]  # whether a replica still takes requests (the campaign stops one)
-    turns: list[Turn] = field(default_factory=list)
+    turns: list[TurnOutcome] = field(default_factory=list)
 
-    async def run_turn(self, http: httpx.AsyncClient, session: Session, index: int) -> Turn:
-        turn, start = Turn(session.number, index), time.monotonic()
+    async def run_turn(self, http: httpx.AsyncClient, session: Session, index: int) -> TurnOutcome:
+        turn, start = TurnOutcome(session.number, index), time.monotonic()
         text = f"Step {index}: the tool printed {self.rng.randrange(10**6)} lines; what next?"
         replica, first = session.replica, True
         while turn.outcome == "lost" and time.monotonic() - start < self.budget_s:

@@ -25,9 +25,9 @@ from agents_eval.bench.gateway import report as bench_report
 from agents_eval.bench.gateway import steps as bench_steps
 from agents_eval.bench.gateway.client import ClientProcess
 from agents_eval.bench.gateway.overhead import measure_overhead
-from agents_eval.bench.gateway.server import RunningGateway, running_gateway
+from agents_eval.bench.gateway.server import RunningGateway, timed_gateway
 from agents_eval.bench.gateway.session import Session, make_session, run_sessions, session_tokens
-from agents_eval.report import ReportFiles, check_settings, machine_info, write_report
+from agents_eval.harness.report import ReportFiles, check_settings, machine_info, write_report
 from engine.config import EngineSettings
 from engine.core.async_engine import ServingEngine
 from engine.core.llm_engine import LLMEngine
@@ -134,13 +134,13 @@ def run_benchmark(settings: GatewayBenchSettings, out_dir: Path,
     except BaseException:  # the gateway, which stops the engine, never started
         engine.shutdown()
         raise
-    with running_gateway(_gateway_settings(settings), engine) as gw:
+    with timed_gateway(_gateway_settings(settings), engine) as gw:
         overhead, session = _measure(settings, gw, pairs, warm)
     load_at_end = os.getloadavg()
     report = {
         "settings": asdict(settings), "engine_settings": engine_settings.model_dump(), "machine": machine,
         "model_config": asdict(engine.config), "overhead": overhead, "session": session,
-        "goal": bench_report.goal(overhead),
+        "goal": bench_report.goal(overhead), "goals": bench_report.goals(overhead),
         "bench_wall_s": time.perf_counter() - start, "load_average_at_end": list(load_at_end),
     }
     tables = [bench_report.overhead_table(overhead), bench_steps.steps_table(overhead["levels"]),

@@ -3,8 +3,8 @@ the gateway for the GIL: `python -m agents_eval.bench.gateway.client URL`, one J
 line, one JSON answer per stdout line. It keeps one event loop (uvloop) and its connections across commands.
 
 Commands (`op`): `chat` (posts bodies in a closed loop at a concurrency, each tagged `x-bench-id`), `floor`
-(`GET /health` one at a time), `session` (one agent session over the Responses WebSocket with the openai SDK,
-or over chat completions), `stop`. `ClientProcess` is the parent's handle on it.
+(`GET /health` one at a time), `session` (one agent session through the harness's client, over the Responses
+WebSocket or over chat completions), `stop`. `ClientProcess` is the parent's handle on it.
 
 HTTP goes through aiohttp, as vLLM's serving benchmark does, not httpx: the same `GET /health` round trip
 took 1.1-1.4 ms with httpx and 0.44-0.47 ms with aiohttp here, and whatever the client spends is counted
@@ -13,7 +13,6 @@ in the gateway's overhead (the engine path has no client), at concurrency 64 on 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import select
@@ -21,27 +20,16 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
 
+from agents_eval.harness.client import ChatSession, HttpPool, WsSession
+from agents_eval.harness.drive import closed_loop
+from agents_eval.workloads.types import APPEND, THINK, Turn
+
 WS, CHAT = "responses_ws", "chat_http"
-TERMINAL = ("response.completed", "response.incomplete", "response.failed", "error")
 Result = dict[str, Any]
-
-
-async def closed_loop(count: int, concurrency: int, one: Callable[[int], Awaitable[Any]]) -> list[Any]:
-    """`concurrency` workers, each starting its next item as soon as its last one is done; results in item order."""
-    results: list[Any] = [None] * count
-    indices = iter(range(count))
-
-    async def worker() -> None:
-        for index in indices:
-            results[index] = await one(index)
-
-    await asyncio.gather(*(worker() for _ in range(min(concurrency, count))))
-    return results
 
 
 class Client:
@@ -89,67 +77,28 @@ class Client:
             await self._http.close()
 
     async def session(self, mode: str, model: str, system: str, observations: list[str], max_tokens: int) -> Result:
-        turns: Result = {"latency_s": [], "prompt_tokens": [], "cached_tokens": [], "output_tokens": []}
+        """One agent session through the harness's client: over the Responses WebSocket (one connection, opened
+        before turn 1's clock starts; each turn sends only its new observation), or over chat completions with
+        the whole history each turn and no session id (every request its own throwaway session)."""
+        turns = [Turn(None, 0.0, ({"role": "user", "content": text},), 0, max_tokens, THINK, APPEND)
+                 for text in observations]
         if mode == CHAT:
-            await chat_session(self.http, model, system, observations, max_tokens, turns)
-            return turns
+            pool = HttpPool(self.url, 120.0)
+            try:
+                return await _run_turns(ChatSession(pool, model, system, None), turns)
+            finally:
+                await pool.close()
         import openai
 
-        client = openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=120.0)
-        async with client:
-            await ws_session(client, model, system, observations, max_tokens, turns)
-        return turns
+        async with openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0,
+                                      timeout=120.0) as client, client.responses.connect() as connection:
+            return await _run_turns(WsSession(connection, model, system), turns)
 
 
-def _add_turn(turns: Result, latency_s: float, prompt: int, cached: int, output: int) -> None:
-    for key, value in zip(turns, (latency_s, prompt, cached, output), strict=True):
-        turns[key].append(value)
-
-
-async def ws_session(client: Any, model: str, system: str, observations: list[str], max_tokens: int,
-                     turns: Result) -> None:
-    """One connection, opened before turn 1's clock starts; each turn sends only its new observation."""
-    previous = None
-    async with client.responses.connect() as connection:
-        for text in observations:
-            start = time.perf_counter()
-            await connection.response.create(model=model, input=[{"role": "user", "content": text}],
-                                             previous_response_id=previous, max_output_tokens=max_tokens,
-                                             temperature=0, instructions=system if previous is None else None)
-            response = await _terminal_response(connection, len(turns["latency_s"]) + 1)
-            elapsed = time.perf_counter() - start
-            usage = response.usage
-            _add_turn(turns, elapsed, usage.input_tokens, usage.input_tokens_details.cached_tokens,
-                      usage.output_tokens)
-            previous = response.id
-
-
-async def _terminal_response(connection: Any, turn: int) -> Any:
-    async for event in connection:
-        if event.type in ("response.completed", "response.incomplete"):
-            return event.response
-        if event.type in TERMINAL:
-            raise RuntimeError(f"turn {turn} over the WebSocket failed: {event}")
-    raise RuntimeError(f"the WebSocket closed during turn {turn}")
-
-
-async def chat_session(http: aiohttp.ClientSession, model: str, system: str, observations: list[str],
-                       max_tokens: int, turns: Result) -> None:
-    """The whole history each turn and no session id: every request is its own throwaway session. Plain HTTP,
-    not the openai SDK, whose request building grows with the history (about 10 ms more at 40 messages)."""
-    history = [{"role": "system", "content": system}]
-    for text in observations:
-        history.append({"role": "user", "content": text})
-        body = {"model": model, "messages": history, "max_tokens": max_tokens, "temperature": 0}
-        start = time.perf_counter()
-        async with http.post("/v1/chat/completions", json=body) as response:
-            response.raise_for_status()
-            completion = await response.json()
-        elapsed = time.perf_counter() - start
-        usage = completion["usage"]
-        _add_turn(turns, elapsed, usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"],
-                  usage["completion_tokens"])
-        history.append({"role": "assistant", "content": completion["choices"][0]["message"]["content"] or ""})
+async def _run_turns(session: ChatSession | WsSession, turns: list[Turn]) -> Result:
+    replies = [await session.send(turn) for turn in turns]
+    return {"latency_s": [r.e2e_s for r in replies], "prompt_tokens": [r.prompt_tokens for r in replies],
+            "cached_tokens": [r.cached_tokens for r in replies], "output_tokens": [r.output_tokens for r in replies]}
 
 
 async def handle(client: Client, command: Result) -> Result:

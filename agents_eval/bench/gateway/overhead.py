@@ -18,11 +18,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from agents_eval.bench.gateway import steps
-from agents_eval.bench.gateway.client import ClientProcess, closed_loop
+from agents_eval.bench.gateway.client import ClientProcess
 from agents_eval.bench.gateway.server import RunningGateway, reset_prefix_cache
+from agents_eval.harness.drive import closed_loop
+from agents_eval.harness.stats import percentile
 from engine.core.sampling.sampler import SamplingParams
 from engine.model.mask import MaskedSpan
 from gateway.api.protocol import ChatCompletionRequest
@@ -154,7 +154,7 @@ def warm_up(gw: RunningGateway, client: ClientProcess, requests: list[ChatReques
 
 
 def percentile_ms(values: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values) * 1000.0, q))
+    return percentile([value * 1000.0 for value in values], q)
 
 
 def summarize(runs: dict[str, PathSamples], concurrency: int) -> dict[str, Any]:

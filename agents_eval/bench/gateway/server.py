@@ -109,7 +109,7 @@ def _loopback_socket() -> socket.socket:
 
 
 @contextlib.contextmanager
-def running_gateway(settings: GatewaySettings, engine: ServingEngine) -> Iterator[RunningGateway]:
+def timed_gateway(settings: GatewaySettings, engine: ServingEngine) -> Iterator[RunningGateway]:
     """The gateway on a free loopback port, served from a background thread until the block exits."""
     sock = _loopback_socket()
     port = int(sock.getsockname()[1])

@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from agents_eval.report import Table
+from agents_eval.harness.report import Table
+from agents_eval.harness.stats import percentile
 from gateway.server.state import GatewayState
 from trajectory import step_timer
 
@@ -86,13 +87,13 @@ def summarize(samples: list[dict[str, int]]) -> dict[str, Any]:
     us = {name: np.asarray([s.get(name, 0) for s in samples]) / 1000.0 for name in names}
     own = [name for name in names if name != ENGINE_STEP]
     own_mean = float(sum(us[name].mean() for name in own)) if samples else 0.0
-    steps = {name: {"mean_us": float(values.mean()), "p50_us": float(np.percentile(values, 50)),
-                    "p99_us": float(np.percentile(values, 99)),
+    steps = {name: {"mean_us": float(values.mean()), "p50_us": percentile(values.tolist(), 50),
+                    "p99_us": percentile(values.tolist(), 99),
                     "share": float(values.mean()) / own_mean if name != ENGINE_STEP and own_mean else None}
              for name, values in us.items()}
     total = np.asarray([sum(s.get(name, 0) for name in own) for s in samples]) / 1000.0
     return {"requests": len(samples), "steps": steps, "gateway_mean_us": own_mean,
-            "gateway_p50_us": float(np.percentile(total, 50)) if samples else 0.0}
+            "gateway_p50_us": percentile(total.tolist(), 50) if samples else 0.0}
 
 
 def steps_table(levels: dict[str, dict[str, Any]]) -> Table:

@@ -18,7 +18,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from agents_eval.report import BarChart, Table, machine_info, write_report
+from agents_eval.harness.report import BarChart, Table, machine_info, write_report
 from engine.core.output import RequestOutput
 from engine.core.sampling.sampler import SamplingParams
 from engine.workers import messages as m

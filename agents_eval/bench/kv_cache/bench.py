@@ -12,7 +12,7 @@ from agents_eval.bench.kv_cache import report as kv_report
 from agents_eval.bench.kv_cache.engine_replay import multi_turn, replay_on_engine
 from agents_eval.bench.kv_cache.replay import replay, unbounded
 from agents_eval.bench.kv_cache.settings import KVCacheBenchSettings
-from agents_eval.report import machine_info
+from agents_eval.harness.report import machine_info
 from engine.config import EngineSettings
 from engine.kv_cache.policy import make_policy
 from predictor.traces import load_trace

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from agents_eval.bench.kv_cache.settings import KVCacheBenchSettings
-from agents_eval.report import LineChart, Table, write_report
+from agents_eval.harness.report import LineChart, Table, write_report
 
 MARKDOWN = "report.md"
 CHART = "hit_ratio.png"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agents_eval.report import check_settings
+from agents_eval.harness.report import check_settings
 from engine.kv_cache.policy import PolicyName
 from predictor.traces import DEFAULT_TRACE
 

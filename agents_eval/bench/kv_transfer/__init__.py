@@ -23,7 +23,7 @@ import torch
 from agents_eval.bench.kv_transfer import report as kv_report
 from agents_eval.bench.kv_transfer.measure import Bench, measure
 from agents_eval.bench.kv_transfer.settings import MEMCPY, NAIVE, RATIO_GOALS, RAW, TRANSPORTS, Cache, KVBenchSettings
-from agents_eval.report import ReportFiles, machine_info
+from agents_eval.harness.report import ReportFiles, machine_info
 from engine.kv_cache.wire import DEFAULT_CHECKSUM
 
 __all__ = ["MEMCPY", "NAIVE", "RATIO_GOALS", "RAW", "Bench", "BenchResult", "Cache", "KVBenchSettings",
@@ -45,8 +45,7 @@ def run_benchmark(settings: KVBenchSettings, out_dir: Path) -> BenchResult:
     report: dict[str, Any] = {
         "settings": asdict(settings) | {"transport": settings.transport.model_dump(mode="json")},
         "machine": machine, "request_bytes": settings.request_bytes, "results": results, "skipped": skipped,
-        "ratios": kv_report.ratios(results, settings.block_tokens),
-        "goals": {key: goal for key, (_, _, goal) in RATIO_GOALS.items()},
+        "ratios": (ratios := kv_report.ratios(results, settings.block_tokens)), "goals": kv_report.goals(ratios),
         "checksum": {"kind": DEFAULT_CHECKSUM.name, "gb_per_s": checksum_speed}}
     files = kv_report.write(out_dir, settings, report)
     return BenchResult(report, files, files.markdown.read_text())

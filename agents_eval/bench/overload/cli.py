@@ -8,13 +8,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-from agents_eval.bench.agent.cli import _env_item
 from agents_eval.bench.agent.configs import CONFIGS
-from agents_eval.bench.agent.metrics import Slo
-from agents_eval.bench.agent.run import progress_display
 from agents_eval.bench.agent.workload import WORKLOADS
 from agents_eval.bench.overload.overload import OverloadSettings, run_overload
-from agents_eval.report import BarChart, ReportFiles, Table, write_report
+from agents_eval.harness.drive import progress_display
+from agents_eval.harness.report import BarChart, ReportFiles, Table, write_report
+from agents_eval.harness.servers.gateway import env_item
+from agents_eval.harness.stats import Slo
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,15 +31,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--probe-duration", type=float, default=d.probe_duration_s, help="seconds of each probe")
     parser.add_argument("--max-probes", type=int, default=d.max_probes, help="probes of the search at most")
     parser.add_argument("--request-timeout", type=float, default=d.request_timeout_s, help="seconds per request")
+    parser.add_argument("--retries", type=int, default=d.retries, help="sends of a refused turn again, after its "
+                        "Retry-After")
+    parser.add_argument("--max-retry-wait", type=float, default=d.max_retry_wait_s,
+                        help="seconds a client waits for a Retry-After at most")
     parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument("--env", type=_env_item, action="append", default=[], metavar="AGENTSERVE_KEY=VALUE",
+    parser.add_argument("--env", type=env_item, action="append", default=[], metavar="AGENTSERVE_KEY=VALUE",
                         help="setting for every gateway (repeatable)")
 
 
 def settings_from_args(args: argparse.Namespace) -> OverloadSettings:
     return OverloadSettings(args.workload, args.config, args.model, args.factor, args.duration,
                             Slo(args.slo_ttft, args.slo_tpot), args.slo_rate, args.probe_duration, args.max_probes,
-                            args.request_timeout, args.seed, dict(args.env))
+                            args.request_timeout, args.retries, args.max_retry_wait, args.seed, dict(args.env))
+
+
+def _show(value: float | None) -> str:
+    return "n/a" if value is None or math.isnan(value) else f"{value:.3g}"
 
 
 def _ms(seconds: float) -> str:
@@ -50,13 +58,16 @@ def write(out: Path, report: dict[str, Any]) -> ReportFiles:
     slo = report["settings"]["slo"]
     runs = report["runs"]
     headers = ["run", "sent", "completed", "refused (status: n)", "refused for", "no Retry-After", "timed out",
-               "other errors", "TTFT p99 (ms)", "TPOT p99 (ms)", "completed within SLO"]
+               "other errors", "TTFT p99 (ms)", "TPOT p99 (ms)", "completed within SLO", "turns within SLO",
+               "with retry waits", "retried turns"]
     rows = [[tag, str(r["sent"]), str(r["completed"]), ", ".join(f"{s}: {n}" for s, n in r["refused"].items()) or "0",
              ", ".join(f"{cause}: {n}" for cause, n in r.get("refused_for", {}).items()) or "-",
              str(r["refused_without_retry_after"]), str(r["timed_out"]), str(r["other_errors"]),
-             _ms(r["admitted_ttft_p99_s"]), _ms(r["admitted_tpot_p99_s"]), f"{r['admitted_within_slo']:.0%}"]
+             _ms(r["admitted_ttft_p99_s"]), _ms(r["admitted_tpot_p99_s"]), f"{r['admitted_within_slo']:.0%}",
+             str(r["turns_within_slo"]), str(r["turns_within_slo_with_waits"]), str(r["retried_turns"])]
             for tag, r in runs.items()]
-    goals = [[goal, "met" if ok else "MISSED"] for goal, ok in runs["guarded"]["verdicts"].items()]
+    goals = [[g["name"], f"{g['bound']} {g['target']:g}", _show(g["measured"]), "met" if g["met"] else "MISSED"]
+             for g in report["goals"]]
     chart = BarChart("overload.png", f"TTFT p99 at {report['settings']['factor']:g}x the SLO rate "
                      f"(SLO {slo['ttft_s'] * 1000:.0f} ms)", "ms", list(runs),
                      [0.0 if math.isnan(r["admitted_ttft_p99_s"]) else r["admitted_ttft_p99_s"] * 1000
@@ -65,9 +76,12 @@ def write(out: Path, report: dict[str, Any]) -> ReportFiles:
     notes = [f"SLO rate {report['slo_rate_sessions_per_s']:.3g} sessions/s{bound}; offered "
              f"{report['offered_rate_sessions_per_s']:.3g} sessions/s for {report['settings']['duration_s']:g} s; "
              f"SLO TTFT {slo['ttft_s'] * 1000:.0f} ms, TPOT {slo['tpot_s'] * 1000:.0f} ms.",
-             "guarded: admission control at the TTFT and TPOT SLO; unguarded: every request admitted."]
+             "guarded: admission control at the TTFT and TPOT SLO; unguarded: every request admitted. A refused "
+             f"turn is sent again after its Retry-After (at most {report['settings']['retries']} times, "
+             f"{report['settings']['max_retry_wait_s']:g} s each); turns within SLO count the attempt that completed, "
+             "'with retry waits' adds the time the turn waited to its TTFT."]
     return write_report(out, report, "Overload", [Table("Requests at overload", headers, rows),
-                                                  Table("Goals (guarded run)", ["goal", "verdict"], goals)],
+                                                  Table("Goals", ["goal", "target", "measured", "verdict"], goals)],
                         chart, notes)
 
 

@@ -1,13 +1,14 @@
 """What an overloaded run's requests came to: completed (admitted and served), refused with a status and
-Retry-After, timed out, or failed otherwise; and the admitted requests' latency against the SLO."""
+Retry-After, timed out, or failed otherwise; the admitted requests' latency against the SLO; and the turns
+completed within the SLO (goodput: a refused turn the client retried counts once, when it completes)."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from agents_eval.bench.agent.metrics import RequestRecord, Slo, meets_slo, percentile
+from agents_eval.harness.stats import RequestRecord, Slo, meets_slo, percentile
 
 REFUSALS = (429, 503)  # what overload is answered with
 TIMEOUT_MARKS = ("TimeoutError", "ReadTimeout", "drain deadline")
@@ -26,6 +27,9 @@ class Outcomes:
     admitted_tpot_p99_s: float
     admitted_within_slo: float  # share of the completed requests meeting the SLO
     refused_for: dict[str, int] = field(default_factory=dict)  # the SLO admission guarded ("ttft", "tpot") -> n
+    turns_within_slo: int = 0  # completed turns meeting the SLO, the attempt that completed timed from its send
+    turns_within_slo_with_waits: int = 0  # the same, timed from the turn's first send (retry waits included)
+    retried_turns: int = 0  # turns completed after one or more refusals
 
     def verdicts(self, slo: Slo) -> dict[str, bool]:
         """The issue's goals: admitted p99 within the SLO; every refusal 429/503 with Retry-After; no timeout."""
@@ -43,6 +47,11 @@ def refusal_cause(record: RequestRecord) -> str:
     return next((cause for text, cause in REFUSAL_CAUSES.items() if text in (record.error or "")), "other")
 
 
+def within_slo_from_first_send(record: RequestRecord, slo: Slo) -> bool:
+    """Meets the SLO with the time the turn waited for its retries added to its TTFT."""
+    return meets_slo(replace(record, ttft_s=(record.ttft_s or 0.0) + record.waited_s), slo)
+
+
 def outcomes(records: Sequence[RequestRecord], slo: Slo) -> Outcomes:
     completed = [r for r in records if r.ok]
     refused = [r for r in records if r.status in REFUSALS]
@@ -55,4 +64,7 @@ def outcomes(records: Sequence[RequestRecord], slo: Slo) -> Outcomes:
                     refused_without_retry_after=sum(not r.retry_after for r in refused), timed_out=timed_out,
                     other_errors=len(records) - len(completed) - len(refused) - timed_out,
                     admitted_ttft_p99_s=percentile(ttfts, 99.0), admitted_tpot_p99_s=percentile(tpots, 99.0),
-                    admitted_within_slo=within, refused_for=dict(Counter(refusal_cause(r) for r in refused)))
+                    admitted_within_slo=within, refused_for=dict(Counter(refusal_cause(r) for r in refused)),
+                    turns_within_slo=sum(meets_slo(r, slo) for r in completed),
+                    turns_within_slo_with_waits=sum(within_slo_from_first_send(r, slo) for r in completed),
+                    retried_turns=sum(r.retries > 0 for r in completed))

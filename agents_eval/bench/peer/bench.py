@@ -17,13 +17,14 @@ import httpx
 from rich.console import Console
 from rich.progress import Progress, TaskID
 
-from agents_eval.bench.agent.gateway import GatewayProcess, model_name, scrape
 from agents_eval.bench.peer import measure
 from agents_eval.bench.peer import report as peer_report
 from agents_eval.bench.peer.chart import CHART_NAME, save_chart
 from agents_eval.bench.peer.servers import gguf_file, llama_cpp_command, running_server
 from agents_eval.bench.peer.settings import LLAMA_CPP, PeerSettings
-from agents_eval.report import JSON_NAME, MARKDOWN_NAME, ReportFiles, machine_info, markdown_document
+from agents_eval.harness.report import JSON_NAME, MARKDOWN_NAME, ReportFiles, machine_info, markdown_document
+from agents_eval.harness.servers.gateway import model_name, scrape
+from agents_eval.harness.servers.process import ServerProcess
 
 TITLE = "llama.cpp against agentserve on the same GGUF file"
 
@@ -35,7 +36,7 @@ class BenchResult:
     markdown: str
 
 
-async def _measure(server: GatewayProcess, config: str, settings: PeerSettings, with_agents: bool,
+async def _measure(server: ServerProcess, config: str, settings: PeerSettings, with_agents: bool,
                    progress: Progress, task: TaskID) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=server.url, timeout=30.0) as http:
         target = measure.Target(server.url, await model_name(http), keeps_sessions=config != LLAMA_CPP)

@@ -1,5 +1,5 @@
 """The one chart of `agentserve bench peer`: a panel per metric, a bar per configuration (llama.cpp in
-grey), drawn on a bare matplotlib `Figure` as `agents_eval.report` does."""
+grey), drawn on a bare matplotlib `Figure` as `agents_eval.harness.report` does."""
 
 from __future__ import annotations
 

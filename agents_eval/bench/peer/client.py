@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from agents_eval.bench.agent.client import SESSION_HEADER, RequestFailed, chat_chunks
+from agents_eval.harness.client import SESSION_HEADER, RequestFailed, chat_chunks
 
 PATH = "/v1/chat/completions"
 

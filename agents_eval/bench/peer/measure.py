@@ -18,11 +18,11 @@ from typing import Any
 
 import httpx
 
-from agents_eval.bench.agent.client import HttpPool
-from agents_eval.bench.agent.metrics import percentile
 from agents_eval.bench.peer import workload
 from agents_eval.bench.peer.client import chat, request_body, session_headers, stream_chat
 from agents_eval.bench.peer.settings import PeerSettings
+from agents_eval.harness.client import HttpPool
+from agents_eval.harness.stats import percentile
 
 REQUEST_TIMEOUT_S = 1800.0
 Tick = Callable[[], None]

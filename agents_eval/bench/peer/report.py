@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents_eval.bench.peer.settings import AGENTSERVE_QUANTIZED, LLAMA_CPP
-from agents_eval.report import Table
+from agents_eval.harness.report import Table
 
 
 @dataclass(frozen=True)

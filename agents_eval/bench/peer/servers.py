@@ -16,8 +16,9 @@ from pathlib import Path
 
 import yaml
 
-from agents_eval.bench.agent.gateway import GatewayProcess, free_port, running_gateway, running_process
 from agents_eval.bench.peer.settings import KV_CACHE_BYTES, LLAMA_CPP, PeerSettings, agentserve_env
+from agents_eval.harness.servers.gateway import running_gateway
+from agents_eval.harness.servers.process import ServerProcess, free_port, running_process
 from engine.config import CONFIGS_DIR
 from engine.model.gguf.package import PackagedGGUF
 
@@ -47,7 +48,7 @@ def llama_cpp_command(model_file: Path, settings: PeerSettings, port: int) -> li
 
 
 @contextlib.contextmanager
-def running_llama_cpp(model_file: Path, settings: PeerSettings, log_path: Path) -> Iterator[GatewayProcess]:
+def running_llama_cpp(model_file: Path, settings: PeerSettings, log_path: Path) -> Iterator[ServerProcess]:
     port = free_port()
     env = {"OMP_NUM_THREADS": str(settings.threads)}
     with running_process(llama_cpp_command(model_file, settings, port), port, env, log_path, "/v1/models",
@@ -56,7 +57,7 @@ def running_llama_cpp(model_file: Path, settings: PeerSettings, log_path: Path) 
 
 
 def running_server(config: str, settings: PeerSettings, model_file: Path | None,
-                   log_dir: Path) -> contextlib.AbstractContextManager[GatewayProcess]:
+                   log_dir: Path) -> contextlib.AbstractContextManager[ServerProcess]:
     log_path = log_dir / f"{config}.log"
     if config == LLAMA_CPP:
         if model_file is None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
-from agents_eval.report import check_settings
+from agents_eval.harness.report import check_settings
 
 LLAMA_CPP = "llama.cpp"
 AGENTSERVE_FP32 = "agentserve-fp32"

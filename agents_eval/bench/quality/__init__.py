@@ -20,7 +20,7 @@ from rich.progress import Progress
 from agents_eval.bench.quality import report as quality_report
 from agents_eval.bench.quality.bench import Measured, QualityBenchSettings, measure
 from agents_eval.bench.quality.variants import PLACEHOLDER
-from agents_eval.report import machine_info
+from agents_eval.harness.report import machine_info
 from engine.config import EngineSettings
 
 __all__ = ["QualityBenchSettings", "QualityResult", "add_arguments", "run", "run_benchmark"]

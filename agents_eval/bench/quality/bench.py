@@ -19,7 +19,7 @@ from agents_eval.bench.quality.answers import mentions
 from agents_eval.bench.quality.scoring import Outcome, TranscriptResult
 from agents_eval.bench.quality.transcripts import generate_transcripts
 from agents_eval.bench.quality.variants import VARIANTS, VariantPrompt, build_prompt
-from agents_eval.report import check_settings
+from agents_eval.harness.report import check_settings
 from engine.config import EngineSettings
 from engine.core.llm_engine import Completion, LLMEngine
 from engine.core.sampling.sampler import SamplingParams

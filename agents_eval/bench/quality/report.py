@@ -23,7 +23,7 @@ from agents_eval.bench.quality.scoring import (
 )
 from agents_eval.bench.quality.transcripts import POSITIONS
 from agents_eval.bench.quality.variants import VARIANTS
-from agents_eval.report import JSON_NAME, MARKDOWN_NAME, Table, markdown_document
+from agents_eval.harness.report import JSON_NAME, MARKDOWN_NAME, Table, markdown_document
 
 CHART_NAME = "retention_vs_saved.png"
 REACHES = ("within_last_k", "beyond_last_k")

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from agents_eval.bench.agent.gateway import running_gateway
 from agents_eval.bench.soak.soak import SoakResult, SoakSettings, soak
-from agents_eval.report import LineChart, ReportFiles, Table, write_report
+from agents_eval.harness.report import LineChart, ReportFiles, Table, write_report
+from agents_eval.harness.servers.gateway import running_gateway
 
 HELP = {
     "duration_s": "seconds of load", "sessions_per_s": "session arrival rate (Poisson)",

@@ -21,6 +21,10 @@ from agents_eval.bench.faults.campaign import PROTOCOLS, run_session
 from agents_eval.bench.faults.sessions import Driver, Session
 
 WARMUP_SHARE = 0.25  # the first quarter of the samples is left out of the slopes
+# Flat: over the samples after the warm-up, the fitted lines may add at most this many open descriptors
+# (connections come and go) and this much resident memory.
+FDS_GROWTH_BOUND = 8
+RSS_GROWTH_BOUND_MB = 128.0
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,11 @@ class SoakResult:
     samples: list[Sample] = field(default_factory=list)
     turns: int = 0
     completed: int = 0
+
+    def window_h(self) -> float:
+        """Hours the slopes are fitted over: the samples after the warm-up."""
+        kept = self.samples[int(len(self.samples) * WARMUP_SHARE):]
+        return (kept[-1].at_s - kept[0].at_s) / 3600 if len(kept) > 1 else 0.0
 
     def slopes_per_hour(self) -> dict[str, float | None]:
         """Least-squares slopes after the warm-up: MB/h, descriptors/h, ms/h (None: too few samples)."""

@@ -19,7 +19,7 @@ import torch
 
 from agents_eval.bench.sparse import report as sparse_report
 from agents_eval.bench.sparse.measure import Case, fill_kv, interleaved_medians, make_batch, skipped_blocks, spans_for
-from agents_eval.report import machine_info
+from agents_eval.harness.report import machine_info
 from engine.config import EngineSettings
 from engine.core.llm_engine import LLMEngine
 from engine.model.mask import QuerySelection, spans_skipping_blocks

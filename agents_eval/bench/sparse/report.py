@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agents_eval.report import BarChart, ReportFiles, Table, write_report
+from agents_eval.harness.report import BarChart, ReportFiles, Table, write_report
 
 DENSE = "skip_0"
 HALF = "skip_0.5"

@@ -15,7 +15,7 @@ from typing import Any
 
 from agents_eval.bench.structured import report as structured_report
 from agents_eval.bench.structured.bench import StructuredBenchSettings, measure
-from agents_eval.report import machine_info
+from agents_eval.harness.report import machine_info
 
 __all__ = ["StructuredBenchSettings", "add_arguments", "run", "run_benchmark"]
 

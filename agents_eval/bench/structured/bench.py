@@ -19,7 +19,7 @@ from agents_eval.bench.structured.measure import (
     tool_params,
 )
 from agents_eval.bench.structured.tasks import agent_tasks, schema_tasks
-from agents_eval.report import check_settings
+from agents_eval.harness.report import check_settings
 from engine.config import EngineSettings
 from engine.core.llm_engine import LLMEngine
 from engine.core.sampling.sampler import SamplingParams

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agents_eval.report import BarChart, ReportFiles, Table, write_report
+from agents_eval.harness.report import BarChart, ReportFiles, Table, write_report
 
 GOALS = (  # name, target, bound (the measured value must be at least / at most the target), where in the figures
     ("tool_calls_valid_share_required", 1.0, "min", ("validity", "tool_calls_required", "valid_share")),

@@ -38,7 +38,7 @@ from agents_eval.bench.trajectory.sessions import (
     replay_recorded,
     run_sessions,
 )
-from agents_eval.report import ReportFiles, check_settings, machine_info, write_report
+from agents_eval.harness.report import ReportFiles, check_settings, machine_info, write_report
 from engine.config import EngineSettings
 from engine.core.llm_engine import LLMEngine
 from engine.kv_cache.pins import PinStats

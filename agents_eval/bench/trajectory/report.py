@@ -15,7 +15,7 @@ from agents_eval.bench.trajectory.observations import PruningFigure
 from agents_eval.bench.trajectory.phase import PhaseFigures, think_label
 from agents_eval.bench.trajectory.sessions import REPLY_TOKENS, SessionRun
 from agents_eval.bench.trajectory.trace import ReplayCounts, ScaledRequest
-from agents_eval.report import BarChart, Table
+from agents_eval.harness.report import BarChart, Table, goal
 from engine.kv_cache.pins import PinStats
 
 GOAL_REDUCTION = 10.0
@@ -119,7 +119,9 @@ def _kv_json(figures: Figures) -> dict[str, Any]:
 def report_json(figures: Figures, head: dict[str, Any], end: dict[str, Any]) -> dict[str, Any]:
     """head: settings, engine settings, model config, machine; end: figures taken after the run."""
     pruning = {kind: asdict(f) | {"removed_share": f.removed_share} for kind, f in figures.pruning.items()}
-    return {"benchmark": "trajectory", **head, "synthetic": _synthetic_json(figures), "kv_bytes": _kv_json(figures),
+    goals = [goal("prefill tokens, full recompute / turn delta", GOAL_REDUCTION, "min", figures.reduction)]
+    return {"benchmark": "trajectory", **head, "synthetic": _synthetic_json(figures), "goals": goals,
+            "kv_bytes": _kv_json(figures),
             "trace": figures.trace.to_json(), "pruning": pruning, "phase": figures.phase.to_json(), **end}
 
 

@@ -18,12 +18,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from agents_eval.bench.agent.gateway import running_gateway
 from agents_eval.bench.upstream import report as upstream_report
 from agents_eval.bench.upstream.drive import run_routing
 from agents_eval.bench.upstream.failover import run_failover
 from agents_eval.bench.upstream.workload import ROUTINGS, UpstreamBenchSettings
-from agents_eval.report import machine_info
+from agents_eval.harness.report import machine_info
+from agents_eval.harness.servers.gateway import running_gateway
 
 __all__ = ["UpstreamBenchSettings", "add_arguments", "run", "run_benchmark"]
 REPLICA_ENV = {"AGENTSERVE_LIMITS__TTFT_SLO_S": "3600"}  # replicas queue every turn: routing is measured, not shedding

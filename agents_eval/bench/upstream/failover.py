@@ -14,9 +14,10 @@ from typing import Any
 import httpx
 import numpy as np
 
-from agents_eval.bench.agent.gateway import free_port, running_gateway
 from agents_eval.bench.upstream.drive import TurnResult, all_sessions
 from agents_eval.bench.upstream.workload import UpstreamBenchSettings
+from agents_eval.harness.servers.gateway import running_gateway
+from agents_eval.harness.servers.process import free_port
 from gateway.auth import ANONYMOUS
 from gateway.sessions.store import session_key
 from gateway.upstream.hashing import BoundedLoadRing

@@ -11,7 +11,8 @@ import numpy as np
 
 from agents_eval.bench.upstream.drive import TurnResult
 from agents_eval.bench.upstream.workload import ROUTINGS
-from agents_eval.report import LineChart, ReportFiles, Table, write_report
+from agents_eval.harness.report import LineChart, ReportFiles, Table, write_report
+from agents_eval.harness.stats import percentile
 
 
 def routing_json(results: Sequence[TurnResult], turns: int, wall_s: float) -> dict[str, Any]:
@@ -21,12 +22,12 @@ def routing_json(results: Sequence[TurnResult], turns: int, wall_s: float) -> di
         per_turn.append({"turn": turn, "n": len(rows),
                          "prefill_tokens_mean": float(np.mean([r.prefill_tokens for r in rows])),
                          "cached_tokens_mean": float(np.mean([r.cached_tokens for r in rows])),
-                         "ttft_p99_s": float(np.percentile([r.ttft_s for r in rows], 99))})
+                         "ttft_p99_s": percentile([r.ttft_s for r in rows], 99)})
     later = [r for r in results if r.turn > 0]
     return {"wall_s": wall_s, "per_turn": per_turn,
             "prefill_tokens_total": sum(r.prefill_tokens for r in results),
             "later_turns": {"prefill_tokens_mean": float(np.mean([r.prefill_tokens for r in later])),
-                            "ttft_p99_s": float(np.percentile([r.ttft_s for r in later], 99))}}
+                            "ttft_p99_s": percentile([r.ttft_s for r in later], 99)}}
 
 
 def ratios(routings: dict[str, Any]) -> dict[str, float | None]:

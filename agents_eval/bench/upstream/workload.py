@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from agents_eval.report import check_settings
+from agents_eval.harness.report import check_settings
 
 ROUTINGS = ("affinity", "round_robin")  # in the order they run
 

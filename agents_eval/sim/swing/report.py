@@ -11,7 +11,7 @@ from typing import Any
 from agents_eval.bench.capacity.bench import ROLE_FOR, moves_per_window, reallocations
 from agents_eval.bench.capacity.simulated import move_events
 from agents_eval.bench.capacity.swing import RunResult
-from agents_eval.report import Table
+from agents_eval.harness.report import Table
 from agents_eval.sim.records import Decided, RunLog
 from agents_eval.sim.swing.runs import SwingPlan, SwingRun
 

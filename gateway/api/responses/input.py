@@ -87,7 +87,8 @@ def _add_item(messages: list[Message], item: dict[str, Any], param: str) -> list
     if kind == "message" and isinstance(role, str) and role in INPUT_ROLES:
         return [*messages, Message(INPUT_ROLES[role], _text(item.get("content"), param))]
     if kind == "function_call_output":
-        return [*messages, Message("tool", _text(item.get("output"), param), tool_call_id=item.get("call_id"))]
+        return [*messages, Message("tool", _text(item.get("output"), param), tool_call_id=item.get("call_id"),
+                                   name=item.get("name"))]
     if kind == "function_call":
         call = {"id": item.get("call_id"), "type": "function",
                 "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")}}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agents_eval.bench.redis_server import RedisServer, running_redis
+from agents_eval.harness.servers.redis import RedisServer, running_redis
 from engine.core.llm_engine import LLMEngine
 from tests.conftest import close_after_test
 

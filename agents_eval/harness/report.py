@@ -1,7 +1,9 @@
 """Benchmark reports: `report.json` with every figure, `report.md` with markdown tables, a PNG bar or line chart.
 
-Shared by the benchmarks in `agents_eval`; the chart is drawn on a bare matplotlib `Figure` (Agg canvas),
-so no pyplot state or global backend is touched.
+Every benchmark writes through `write_report`. A report's `goals` is one list, one object per goal:
+`{"name", "target", "bound": "min" | "max", "measured", "met"}` (a benchmark may keep its own keys beside
+those); `goal` builds one, and `write_report` refuses a `goals` of any other shape. The chart is drawn on a
+bare matplotlib `Figure` (Agg canvas), so no pyplot state or global backend is touched.
 """
 
 from __future__ import annotations
@@ -135,15 +137,44 @@ def save_line_chart(chart: LineChart, path: Path) -> None:
     figure.savefig(path, dpi=120)
 
 
+GOAL_KEYS = ("name", "target", "bound", "measured", "met")
+BOUNDS = ("min", "max")
+
+
+def goal(name: str, target: float, bound: str, measured: float | None, **extra: Any) -> dict[str, Any]:
+    """One goal: met when `measured` is at least (`bound="min"`) or at most (`"max"`) `target`; a goal with
+    nothing measured (None, nan) is not met. `extra` keys go beside the five."""
+    if bound not in BOUNDS:
+        raise ValueError(f"a goal's bound is 'min' or 'max', not {bound!r}")
+    known = measured is not None and not (isinstance(measured, float) and math.isnan(measured))
+    met = known and (measured >= target if bound == "min" else measured <= target)  # type: ignore[operator]
+    return {"name": name, "target": target, "bound": bound, "measured": measured, "met": bool(met), **extra}
+
+
+def check_goals(goals: Any) -> None:
+    """ValueError unless `goals` is a list of goal objects, each with the five keys and a known bound."""
+    if not isinstance(goals, list):
+        raise ValueError(f"a report's goals is a list of goal objects, not {type(goals).__name__}")
+    for item in goals:
+        missing = [key for key in GOAL_KEYS if not isinstance(item, Mapping) or key not in item]
+        if missing or item["bound"] not in BOUNDS:
+            raise ValueError(f"a goal needs {GOAL_KEYS} with bound in {BOUNDS}; {item!r} misses {missing}")
+
+
 def write_report(out_dir: Path, data: dict[str, Any], title: str, tables: Sequence[Table],
-                 chart: BarChart | LineChart, notes: Sequence[str] = ()) -> ReportFiles:
+                 chart: BarChart | LineChart | None, notes: Sequence[str] = (),
+                 markdown: str | None = None) -> ReportFiles:
+    """`report.json` (non-finite numbers as null), `report.md` (`markdown`, or the tables and notes under
+    `title`) and the chart, if any, in `out_dir`."""
+    if isinstance(data.get("goals"), list):
+        check_goals(data["goals"])
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = ReportFiles(out_dir / JSON_NAME, out_dir / MARKDOWN_NAME, out_dir / chart.filename)
-    files.json.write_text(json.dumps(data, indent=2) + "\n")
-    files.markdown.write_text(markdown_document(title, tables, notes))
+    files = ReportFiles(out_dir / JSON_NAME, out_dir / MARKDOWN_NAME, out_dir / (chart.filename if chart else ""))
+    files.json.write_text(json.dumps(finite(data), indent=2) + "\n")
+    files.markdown.write_text(markdown if markdown is not None else markdown_document(title, tables, notes))
     if isinstance(chart, LineChart):
         save_line_chart(chart, files.chart)
-    else:
+    elif chart is not None:
         save_bar_chart(chart, files.chart)
     return files
 

@@ -1,4 +1,5 @@
-"""The agent benchmark's WebSocket session on raw events: a turn's reply and usage, and each way a turn fails."""
+"""The harness's WebSocket session on raw events: a turn's reply and usage, the same logical content as the chat
+client (tools with every request, tool message names), and each way a turn fails."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ import pytest
 from websockets.exceptions import ConnectionClosedError
 from websockets.frames import Close
 
-from agents_eval.bench.agent.client import RequestFailed, WsSession
+from agents_eval.harness.client import RequestFailed, WsSession
+
+TOOL = {"type": "function", "function": {"name": "bash", "description": "Run a bash action.",
+                                         "parameters": {"type": "object", "properties": {}}}}
 
 
 @dataclass(frozen=True)
@@ -20,6 +24,7 @@ class Turn:
     new_messages: tuple[dict[str, str], ...]
     max_output_tokens: int = 4
     history: str = "append"
+    tools: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass
@@ -52,10 +57,13 @@ def test_a_turn_reads_its_deltas_and_usage_and_the_next_continues_from_its_respo
     assert (reply.text, reply.prompt_tokens, reply.cached_tokens, reply.output_tokens) == ("hey", 12, 8, 2)
     assert reply.ttft_s is not None and reply.ttft_s <= reply.e2e_s
     assert connection.sent[0]["instructions"] == "be brief" and "previous_response_id" not in connection.sent[0]
-    tool = {"role": "tool", "tool_call_id": "call_1", "content": "ok"}
-    asyncio.run(session.send(Turn((tool,))))
+    assert reply.token_times_s[0] == reply.ttft_s and len(reply.token_times_s) == 2
+    tool = {"role": "tool", "tool_call_id": "call_1", "name": "bash", "content": "ok"}
+    asyncio.run(session.send(Turn((tool,), tools=(TOOL,))))
     assert connection.sent[1]["previous_response_id"] == "resp_1"
-    assert connection.sent[1]["input"] == [{"type": "function_call_output", "call_id": "call_1", "output": "ok"}]
+    assert connection.sent[1]["input"] == [{"type": "function_call_output", "call_id": "call_1", "output": "ok",
+                                            "name": "bash"}]
+    assert connection.sent[1]["tools"] == [{"type": "function", **TOOL["function"]}]  # with every request
 
 
 @pytest.mark.parametrize(("event", "message"), [

@@ -1,10 +1,15 @@
-"""Runs a workload's agent sessions against a gateway, open loop, and records every request sent.
+"""The session drivers: `drive` runs a workload's agent sessions against a gateway, open loop, and records
+every request sent; `closed_loop` runs items with a fixed number in flight.
 
 Sessions arrive at their `start_s` and run as concurrent asyncio tasks. Within a session each turn waits for
 the previous reply, then for its tool gap (`tool_gap_s`), or, in a trace replay, until its `at_s` when that
 is later. No turn is sent after `duration_s` or past `max_requests`; requests already sent then get
-`drain_timeout_s` to finish, and one still running at that deadline is recorded as an error. A failed request
-ends its session (its next turn would need the reply). Every wait is bounded.
+`drain_timeout_s` to finish, and one still running at that deadline is recorded as an error. A request refused
+with 429 or 503 and a `Retry-After` is sent again after that many seconds (at most `max_retry_wait_s`), as
+real clients do, up to `retries` times; each refused attempt is recorded (with its status), and the attempt
+that completes records its `retries` and the seconds `waited_s` since the turn's first send. Any other failed
+request, or a refusal past the retries, ends its session (its next turn would need the reply). Every wait is
+bounded.
 
 The driver reads workloads structurally (`WorkloadLike`: `agents_eval.workloads.types.Workload` fits).
 """
@@ -13,13 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
-from agents_eval.bench.agent.client import SessionClient, TurnInput
-from agents_eval.bench.agent.metrics import RequestRecord
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from agents_eval.harness.client import ChatSession, HttpPool, SessionClient, TurnInput, WsSession
+from agents_eval.harness.stats import RequestRecord
+
+REFUSALS = (429, 503)  # overload is answered with one of these and a Retry-After
 
 
 class TurnLike(TurnInput, Protocol):
@@ -59,6 +68,8 @@ class RunLimits:
     max_requests: int | None = None
     request_timeout_s: float = 120.0
     drain_timeout_s: float = 60.0
+    retries: int = 0  # times a turn refused with Retry-After is sent again
+    max_retry_wait_s: float = 30.0
 
 
 class Clock:
@@ -84,6 +95,32 @@ class Budget:
             return False
         self.sent += 1
         return True
+
+
+def chat_opener(pool: HttpPool, model: str, session_ids: bool) -> OpenSession:
+    """Each session on the chat client: with `session_ids`, under the session's id (`X-Session-Id`: the gateway
+    keeps the session); without, stateless (the whole history resent)."""
+    @asynccontextmanager
+    async def open_session(script: SessionLike) -> AsyncIterator[SessionClient]:
+        yield ChatSession(pool, model, script.system, script.session_id if session_ids else None)
+
+    return open_session
+
+
+def ws_opener(openai_client: Any, model: str) -> OpenSession:
+    """Each session on a Responses WebSocket of its own (`openai_client.responses.connect()`)."""
+    @asynccontextmanager
+    async def open_session(script: SessionLike) -> AsyncIterator[SessionClient]:
+        async with openai_client.responses.connect() as connection:
+            yield WsSession(connection, model, script.system)
+
+    return open_session
+
+
+def progress_display() -> Progress:
+    """A progress bar per driven run: description, bar, requests done of `planned_requests`, a note, time."""
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[note]}"), TimeElapsedColumn())
 
 
 def planned_requests(workload: WorkloadLike, limits: RunLimits) -> int:
@@ -121,20 +158,33 @@ class SessionRun:
                 return
 
     async def _send(self, client: SessionClient, index: int) -> bool:
-        sent = self.clock.now()
-        try:
-            async with asyncio.timeout(self.limits.request_timeout_s):
-                reply = await client.send(self.script.turns[index])
-        except asyncio.CancelledError:
-            self._record(index, sent, error="still running at the drain deadline")
-            raise
-        except Exception as error:  # counted as this request's error; the session ends
-            self._record(index, sent, error=_describe(error), status=getattr(error, "status", None),
-                         retry_after=getattr(error, "retry_after", None))
+        first = self.clock.now()
+        for attempt in range(self.limits.retries + 1):
+            sent = self.clock.now()
+            try:
+                async with asyncio.timeout(self.limits.request_timeout_s):
+                    reply = await client.send(self.script.turns[index])
+            except asyncio.CancelledError:
+                self._record(index, sent, error="still running at the drain deadline")
+                raise
+            except Exception as error:  # counted as this request's error
+                status, retry_after = getattr(error, "status", None), getattr(error, "retry_after", None)
+                self._record(index, sent, _describe(error), status, retry_after)
+                wait = retry_wait(status, retry_after, self.limits.max_retry_wait_s)
+                if wait is None or attempt == self.limits.retries or not await self._wait(wait):
+                    return False
+                continue
+            self.on_record(RequestRecord(self.script.session_id, index, self.script.turns[index].phase, sent,
+                                         reply.ttft_s, reply.e2e_s, reply.prompt_tokens, reply.cached_tokens,
+                                         reply.output_tokens, retries=attempt, waited_s=sent - first))
+            return True
+        return False
+
+    async def _wait(self, seconds: float) -> bool:
+        """Sleep before a retry; False when the run would end first."""
+        if self.clock.now() + seconds >= self.limits.duration_s:
             return False
-        self.on_record(RequestRecord(self.script.session_id, index, self.script.turns[index].phase, sent,
-                                     reply.ttft_s, reply.e2e_s, reply.prompt_tokens, reply.cached_tokens,
-                                     reply.output_tokens))
+        await asyncio.sleep(seconds)
         return True
 
     def _record(self, index: int, sent: float, error: str, status: int | None = None,
@@ -142,6 +192,17 @@ class SessionRun:
         phase = self.script.turns[index].phase
         self.on_record(RequestRecord(self.script.session_id, index, phase, sent, e2e_s=self.clock.now() - sent,
                                      error=error, status=status, retry_after=retry_after))
+
+
+def retry_wait(status: int | None, retry_after: str | None, max_wait_s: float) -> float | None:
+    """Seconds to wait before sending a refused request again: its Retry-After (seconds), at most `max_wait_s`;
+    None when the failure is not a refusal with a Retry-After a client can read."""
+    if status not in REFUSALS or not retry_after:
+        return None
+    try:
+        return min(max(0.0, float(retry_after)), max_wait_s)
+    except ValueError:  # an HTTP date: not what the gateway sends
+        return None
 
 
 def _describe(error: BaseException) -> str:
@@ -175,3 +236,16 @@ async def drive(workload: WorkloadLike, open_session: OpenSession, limits: RunLi
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
     return DriveResult(records, session_errors)
+
+
+async def closed_loop(count: int, concurrency: int, one: Callable[[int], Awaitable[Any]]) -> list[Any]:
+    """`concurrency` workers, each starting its next item as soon as its last one is done; results in item order."""
+    results: list[Any] = [None] * count
+    indices = iter(range(count))
+
+    async def worker() -> None:
+        for index in indices:
+            results[index] = await one(index)
+
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, count))))
+    return results

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from agents_eval.bench.agent.gateway import free_port
+from agents_eval.harness.servers.process import free_port
 
 START_TIMEOUT_S = 10.0
 
