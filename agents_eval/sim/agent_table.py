@@ -21,15 +21,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from agents_eval.bench.agent.report import PAIRS
+from agents_eval.bench.agent.report.report import PAIRS
 from agents_eval.bench.agent.settings import DEFAULT_SLO
 from agents_eval.bench.agent.workload import builder, model_context
 from agents_eval.harness.report import Table
-from agents_eval.sim.calibration import Calibration
-from agents_eval.sim.config import ClusterConfig, Pool, Role
+from agents_eval.sim.calibration.fit import Calibration
 from agents_eval.sim.experiments import rate_at_slo
+from agents_eval.sim.model.config import ClusterConfig, Pool, Role
 from agents_eval.sim.run import Summary, Window, simulate
-from agents_eval.sim.validate import engine_knobs
+from agents_eval.sim.validation.absolute import engine_knobs
 from agents_eval.sim.workload import draw_sessions
 from engine.core.slo import SloClass
 

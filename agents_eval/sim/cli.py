@@ -17,7 +17,7 @@ SWING_DURATION_S, SWING_WARMUP_S = 600.0, 60.0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from agents_eval.sim.profile import add_arguments as add_profile
+    from agents_eval.sim.calibration.profile import add_arguments as add_profile
 
     p = sub.add_parser("simulate", help="cluster simulator: the project's policies on simulated nodes")
     p.add_argument("--out", type=Path, required=True, help="directory for report.json, report.md and plots")
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> None:
 
 def _validation(args: argparse.Namespace) -> tuple[dict[str, Any], list[Table]]:
     """The absolute validation (real runs against their prediction) and, with --measured, the ratio validation."""
-    from agents_eval.sim.validate import validate
+    from agents_eval.sim.validation.absolute import validate
     from agents_eval.sim.validation.ratios import validate_ratios
 
     if args.ratios_only:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from agents_eval.sim.config import ClusterConfig, Pool
+from agents_eval.sim.model.config import ClusterConfig, Pool
 from agents_eval.sim.run import Summary, Window, simulate
 from agents_eval.sim.workload import draw_sessions
 

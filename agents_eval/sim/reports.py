@@ -9,8 +9,8 @@ from typing import Any
 
 from agents_eval.harness.report import Table
 from agents_eval.sim import experiments
-from agents_eval.sim.config import cluster_config, load_sim_config
 from agents_eval.sim.experiments import Load, placement_search, placements, scale_run, slo_table
+from agents_eval.sim.model.config import cluster_config, load_sim_config
 from agents_eval.sim.plots import attainment_plot, role_timeline
 from agents_eval.sim.run import Window, simulate
 from agents_eval.sim.workload import draw_sessions

@@ -13,11 +13,11 @@ import numpy as np
 import simpy
 
 from agents_eval.harness.stats import percentile
-from agents_eval.sim.cluster import Cluster, build_cluster
-from agents_eval.sim.config import ClusterConfig
-from agents_eval.sim.controller import control
-from agents_eval.sim.gateway import Gateway
-from agents_eval.sim.records import RunLog
+from agents_eval.sim.model.cluster import Cluster, build_cluster
+from agents_eval.sim.model.config import ClusterConfig
+from agents_eval.sim.model.controller import control
+from agents_eval.sim.model.gateway import Gateway
+from agents_eval.sim.model.records import RunLog
 from agents_eval.sim.workload import SimSession
 from engine.capacity.policy import CapacityPolicy
 from engine.capacity.settings import CapacitySettings

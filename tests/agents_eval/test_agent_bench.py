@@ -11,7 +11,7 @@ import pytest
 from agents_eval.bench.agent import metrics as metrics
 from agents_eval.bench.agent.bench import AgentBenchSettings, BenchResult, run_benchmark
 from agents_eval.bench.agent.configs import CONFIGS
-from agents_eval.bench.agent.report import config_ratios, goal_check
+from agents_eval.bench.agent.report.report import config_ratios, goal_check
 from agents_eval.bench.agent.run import RunOptions
 from agents_eval.bench.agent.workload import WorkloadOptions, build_workload
 from agents_eval.harness import stats

@@ -13,10 +13,10 @@ from agents_eval.bench.agent.ablation import ablation_steps
 from agents_eval.bench.agent.bench import AgentBenchSettings, assemble
 from agents_eval.bench.agent.cli import settings_from_args
 from agents_eval.bench.agent.configs import CONFIGS, DEFAULT_CONFIGS, BenchConfig, config_names
-from agents_eval.bench.agent.notes import notes
-from agents_eval.bench.agent.report import light_load_check, write
+from agents_eval.bench.agent.report.notes import notes
+from agents_eval.bench.agent.report.report import light_load_check, write
 from agents_eval.bench.agent.run import Point, PointResult, gateway_env
-from agents_eval.bench.agent.search import SearchResult
+from agents_eval.bench.agent.search.search import SearchResult
 from agents_eval.bench.agent.settings import SearchSettings
 from agents_eval.bench.agent.workload import WorkloadOptions
 from agents_eval.harness.servers.gateway import COUNTERS

@@ -17,14 +17,14 @@ import yaml
 from rich.progress import Progress
 
 from agents_eval.bench.agent import run
-from agents_eval.bench.agent import slo as slo_module
 from agents_eval.bench.agent.bench import AgentBenchSettings, assemble
-from agents_eval.bench.agent.cost import CostSettings, Resources, cost_figures, engine_resources
-from agents_eval.bench.agent.report import config_ratios, goal_check, write
+from agents_eval.bench.agent.report.cost import CostSettings, Resources, cost_figures, engine_resources
+from agents_eval.bench.agent.report.report import config_ratios, goal_check, write
 from agents_eval.bench.agent.run import Point, PointResult, RunOptions
-from agents_eval.bench.agent.search import SearchOptions, SearchResult, search_in_turn, search_slo_rate
+from agents_eval.bench.agent.search import slo as slo_module
+from agents_eval.bench.agent.search.search import SearchOptions, SearchResult, search_in_turn, search_slo_rate
+from agents_eval.bench.agent.search.slo import probe_limits
 from agents_eval.bench.agent.settings import SearchSettings
-from agents_eval.bench.agent.slo import probe_limits
 from agents_eval.bench.agent.workload import WorkloadOptions
 from agents_eval.harness.drive import RunLimits, progress_display
 from agents_eval.harness.servers.gateway import COUNTERS

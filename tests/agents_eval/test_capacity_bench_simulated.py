@@ -11,9 +11,9 @@ import pytest
 from agents_eval.bench.capacity.bench import moves_per_window, reallocations
 from agents_eval.bench.capacity.simulated import simulate_swing, swing_sessions
 from agents_eval.bench.capacity.swing import SwingWorkload
-from agents_eval.sim.calibration import FEATURES, Calibration, features
-from agents_eval.sim.cost import StepWork
-from agents_eval.sim.specs import ModelShape
+from agents_eval.sim.calibration.fit import FEATURES, Calibration, features
+from agents_eval.sim.model.cost import StepWork
+from agents_eval.sim.model.specs import ModelShape
 from agentserve.cli import main
 from engine.capacity.settings import CapacitySettings
 

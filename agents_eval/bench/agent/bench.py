@@ -29,15 +29,15 @@ from typing import Any
 
 from rich.progress import Progress
 
-from agents_eval.bench.agent import report as bench_report
 from agents_eval.bench.agent.ablation import ablation_steps
 from agents_eval.bench.agent.cli import add_arguments, settings_from_args
 from agents_eval.bench.agent.gateway import colocated_threads
-from agents_eval.bench.agent.notes import notes
+from agents_eval.bench.agent.report import report as bench_report
+from agents_eval.bench.agent.report.notes import notes
 from agents_eval.bench.agent.run import Point, measure_point
-from agents_eval.bench.agent.search import SLO_TARGET, SearchResult
+from agents_eval.bench.agent.search.search import SLO_TARGET, SearchResult
+from agents_eval.bench.agent.search.slo import Workloads, probe_point, probe_workloads, run_search, start_rate
 from agents_eval.bench.agent.settings import AgentBenchSettings
-from agents_eval.bench.agent.slo import Workloads, probe_point, probe_workloads, run_search, start_rate
 from agents_eval.bench.agent.workload import WORKLOADS, build_workload, default_rate, session_rate
 from agents_eval.harness.drive import progress_display
 from agents_eval.harness.report import ReportFiles, machine_info

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from agents_eval.bench.agent.configs import CONFIGS, DEFAULT_CONFIGS, NAMED_SETS, config_names
-from agents_eval.bench.agent.cost import CostSettings
+from agents_eval.bench.agent.report.cost import CostSettings
 from agents_eval.bench.agent.run import HTTP, WS, RunOptions
-from agents_eval.bench.agent.search import SearchOptions
+from agents_eval.bench.agent.search.search import SearchOptions
 from agents_eval.bench.agent.settings import DEFAULT_SLO, AgentBenchSettings, SearchSettings
 from agents_eval.bench.agent.workload import WORKLOADS, WorkloadOptions
 from agents_eval.harness.drive import RunLimits

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from agents_eval.bench.agent.configs import CONFIGS, DEFAULT_CONFIGS, NAMED_SETS
-from agents_eval.bench.agent.cost import CostSettings
+from agents_eval.bench.agent.report.cost import CostSettings
 from agents_eval.bench.agent.run import HTTP, WS, RunOptions
-from agents_eval.bench.agent.search import SearchOptions
+from agents_eval.bench.agent.search.search import SearchOptions
 from agents_eval.bench.agent.workload import WorkloadOptions
 from agents_eval.harness.report import check_settings
 from agents_eval.harness.stats import Slo

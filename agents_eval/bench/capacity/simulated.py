@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from agents_eval.bench.capacity.swing import RunResult, SwingWorkload, note_window
-from agents_eval.sim.config import ClusterConfig, Pool
-from agents_eval.sim.controller import PlannedSplit
-from agents_eval.sim.records import RunLog
+from agents_eval.sim.model.config import ClusterConfig, Pool
+from agents_eval.sim.model.controller import PlannedSplit
+from agents_eval.sim.model.records import RunLog
 from agents_eval.sim.run import simulate
-from agents_eval.sim.validate import engine_knobs
+from agents_eval.sim.validation.absolute import engine_knobs
 from agents_eval.sim.workload import SimSession, SimTurn
 from agents_eval.workloads.types import APPEND
 from engine.capacity.settings import CapacitySettings

@@ -19,9 +19,9 @@ from typing import Any
 from rich.progress import Progress
 
 from agents_eval.bench.agent.run import HTTP, RunOptions, measure_point
-from agents_eval.bench.agent.search import SearchOptions
+from agents_eval.bench.agent.search.search import SearchOptions
+from agents_eval.bench.agent.search.slo import probe_workloads, run_search, start_rate
 from agents_eval.bench.agent.settings import DEFAULT_SLO, AgentBenchSettings, SearchSettings
-from agents_eval.bench.agent.slo import probe_workloads, run_search, start_rate
 from agents_eval.bench.agent.workload import WorkloadOptions, build_workload
 from agents_eval.bench.overload.outcomes import outcomes
 from agents_eval.harness.drive import RunLimits

@@ -12,7 +12,7 @@ from agents_eval.bench.capacity.bench import ROLE_FOR, moves_per_window, realloc
 from agents_eval.bench.capacity.simulated import move_events
 from agents_eval.bench.capacity.swing import RunResult
 from agents_eval.harness.report import Table
-from agents_eval.sim.records import Decided, RunLog
+from agents_eval.sim.model.records import Decided, RunLog
 from agents_eval.sim.swing.runs import SwingPlan, SwingRun
 
 GOAL_MS, AIM_MS = 500.0, 100.0

@@ -12,9 +12,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents_eval.sim.config import ClusterConfig
-from agents_eval.sim.controller import PlannedSplit
-from agents_eval.sim.records import Decided, RoleChange
+from agents_eval.sim.model.config import ClusterConfig
+from agents_eval.sim.model.controller import PlannedSplit
+from agents_eval.sim.model.records import Decided, RoleChange
 from agents_eval.sim.run import Summary, Window, simulate
 from agents_eval.sim.workload import SimSession, sessions_at
 from agents_eval.workloads.arrivals import poisson_starts

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agents_eval.sim.agent_table import AgentLoad, agent_clusters, agent_table, bench_load
-from agents_eval.sim.calibration import KINDS, Calibration
+from agents_eval.sim.calibration.fit import KINDS, Calibration
 from agents_eval.sim.run import Summary
 from agentserve.cli import main
 from engine.core.slo import SloClass

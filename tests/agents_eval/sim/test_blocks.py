@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from agents_eval.sim.blocks import BlockHashes, Prompt, SimKVCacheManager
-from agents_eval.sim.tokens import TokenView
+from agents_eval.sim.model.blocks import BlockHashes, Prompt, SimKVCacheManager
+from agents_eval.sim.model.tokens import TokenView
 from engine.kv_cache.manager import KVCacheManager
 
 

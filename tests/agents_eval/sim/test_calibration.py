@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agents_eval.sim.calibration import (
+from agents_eval.sim.calibration.fit import (
     FEATURES,
     KINDS,
     MIN_BATCH_SAMPLES,
@@ -19,8 +19,8 @@ from agents_eval.sim.calibration import (
     fit,
     kind,
 )
-from agents_eval.sim.cost import StepWork
-from agents_eval.sim.specs import ModelShape
+from agents_eval.sim.model.cost import StepWork
+from agents_eval.sim.model.specs import ModelShape
 
 TRUE = {"decode": {"step": 5e-3, "seq": 1e-4, "linear_flop": 2e-12, "attention_flop": 1e-11, "byte": 1e-10},
         "prefill": {"step": 2e-3, "seq": 3e-4, "linear_flop": 1e-11, "attention_flop": 3e-11, "byte": 2e-10}}

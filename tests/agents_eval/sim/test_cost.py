@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agents_eval.sim.cost import Link, RooflineTimer, StepWork, experts_touched, step_bytes, step_flops
-from agents_eval.sim.specs import DeviceSpec, ModelShape
+from agents_eval.sim.model.cost import Link, RooflineTimer, StepWork, experts_touched, step_bytes, step_flops
+from agents_eval.sim.model.specs import DeviceSpec, ModelShape
 
 # 2 layers, hidden 4, 4 query / 2 KV columns, vocab 10, a dense MLP of width 8 (3 x 4 x 8 = 96 parameters).
 DENSE = ModelShape(layers=2, hidden=4, q_width=4, kv_width=2, vocab=10, dense_mlp_params=96, expert_params=0,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 
-from agents_eval.sim.config import ClusterConfig, cluster_config
+from agents_eval.sim.model.config import ClusterConfig, cluster_config
 from agents_eval.sim.run import simulate
 from agents_eval.sim.workload import draw_sessions
 

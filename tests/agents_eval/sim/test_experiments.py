@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from agents_eval.sim.config import cluster_config
 from agents_eval.sim.experiments import placements, rate_at_slo
+from agents_eval.sim.model.config import cluster_config
 from agents_eval.sim.run import Summary
 
 

@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from agents_eval.sim import profile
-from agents_eval.sim.calibration import CalibratedTimer, fit
+from agents_eval.sim.calibration import profile
+from agents_eval.sim.calibration.fit import CalibratedTimer, fit
 
 
 def test_profile_samples_every_step_kind_and_the_idle_penalty(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,7 +6,7 @@ import json
 import statistics
 from pathlib import Path
 
-from agents_eval.sim.config import cluster_config
+from agents_eval.sim.model.config import cluster_config
 from agents_eval.sim.run import Window, simulate, summarize
 from agents_eval.sim.workload import draw_sessions
 from agents_eval.workloads.sharegpt import (

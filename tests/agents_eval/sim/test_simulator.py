@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from agents_eval.sim.calibration import KINDS, Calibration
-from agents_eval.sim.config import ClusterConfig, EngineKnobs, Pool
+from agents_eval.sim.calibration.fit import KINDS, Calibration
+from agents_eval.sim.model.config import ClusterConfig, EngineKnobs, Pool
 from agents_eval.sim.run import simulate
 from agents_eval.sim.workload import SimSession, SimTurn, draw_sessions
 from engine.capacity import routing
@@ -138,7 +138,7 @@ def test_queue_policy_change_shows_in_the_simulation(tmp_path: Path, monkeypatch
 
 def test_a_run_makes_no_reference_cycles() -> None:
     """simulate() pauses the cyclic collector; that is safe only while reference counting frees everything."""
-    from agents_eval.sim.config import cluster_config
+    from agents_eval.sim.model.config import cluster_config
 
     config, sessions = cluster_config("moe27b-agent"), draw_sessions("swe", seed=4, rate=0.5, duration_s=20)
     simulate(config, sessions)  # first run: imports and module caches
@@ -152,7 +152,7 @@ def test_a_run_makes_no_reference_cycles() -> None:
 
 
 def test_same_seed_same_run_different_seed_different_run() -> None:
-    from agents_eval.sim.config import cluster_config
+    from agents_eval.sim.model.config import cluster_config
 
     config = cluster_config("moe27b-agent")
     runs = [simulate(config, draw_sessions("swe", seed=seed, rate=0.3, duration_s=20))[1] for seed in (5, 5, 6)]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from agents_eval.sim.calibration import FEATURES, CalibratedTimer, Calibration
-from agents_eval.sim.cost import StepWork
-from agents_eval.sim.step_agreement import agreement, run_speed
+from agents_eval.sim.calibration.fit import FEATURES, CalibratedTimer, Calibration
+from agents_eval.sim.model.cost import StepWork
+from agents_eval.sim.validation.step_agreement import agreement, run_speed
 from engine.core.step_trace import TracedStep
 
 COEFFICIENTS = {"decode": {name: 0.0 for name in FEATURES} | {"step": 0.010},

@@ -3,7 +3,7 @@ an act window, a think window whose prompts keep more than one prefill node busy
 
 from __future__ import annotations
 
-from agents_eval.sim.config import ClusterConfig, cluster_config
+from agents_eval.sim.model.config import ClusterConfig, cluster_config
 from agents_eval.sim.swing import report as swing_report
 from agents_eval.sim.swing import runs as sw
 

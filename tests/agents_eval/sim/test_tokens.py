@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agents_eval.sim.tokens import SimSequence, TokenView
+from agents_eval.sim.model.tokens import SimSequence, TokenView
 from engine.core.sampling.sampler import SamplingParams
 
 

@@ -12,8 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agents_eval.sim.real_runs import POLL_S, in_process, play, through_processes
-from agents_eval.sim.validate import (
+from agents_eval.sim.validation.absolute import (
     DEPLOYMENTS,
     RATES,
     WARM_UP_PROMPT_TOKENS,
@@ -22,6 +21,7 @@ from agents_eval.sim.validate import (
     validate,
     warm_up,
 )
+from agents_eval.sim.validation.real_runs import POLL_S, in_process, play, through_processes
 from agents_eval.sim.workload import SimSession, SimTurn
 from engine.config import EngineSettings
 from engine.core.llm_engine import LLMEngine
@@ -150,8 +150,8 @@ def test_a_waiting_engine_never_waits_past_the_next_turns_arrival() -> None:
 def test_a_real_run_keeps_its_traced_steps_and_sets_them_against_the_calibration() -> None:
     """The run's steps (the warm-up's left out) come back with its latencies, and `step_rows` gives each step kind
     of each run measured against the calibration."""
-    from agents_eval.sim.calibration import FEATURES, Calibration
-    from agents_eval.sim.validate import measure, step_rows
+    from agents_eval.sim.calibration.fit import FEATURES, Calibration
+    from agents_eval.sim.validation.absolute import measure, step_rows
 
     turns = (SimTurn(0.0, 24, 3, "think"), SimTurn(0.05, 8, 3, "act"))
     run = measure(DEPLOYMENTS[0], [SimSession("s", 0.0, 0, "append", turns)], "tiny")
@@ -171,9 +171,9 @@ def test_a_real_run_keeps_its_traced_steps_and_sets_them_against_the_calibration
 def test_the_figures_are_predicted_again_at_the_runs_own_step_speed() -> None:
     """`at_run_speed` scales the calibration by the factors `run_speed` measures on the runs' traced steps, predicts
     every figure again and sets it against the same measured figure."""
-    from agents_eval.sim.calibration import FEATURES, Calibration
-    from agents_eval.sim.step_agreement import run_speed
-    from agents_eval.sim.validate import at_run_speed, measure
+    from agents_eval.sim.calibration.fit import FEATURES, Calibration
+    from agents_eval.sim.validation.absolute import at_run_speed, measure
+    from agents_eval.sim.validation.step_agreement import run_speed
 
     sessions = [SimSession("s", 0.0, 0, "append", (SimTurn(0.0, 24, 3, "think"), SimTurn(0.05, 8, 3, "act")))]
     run = measure(DEPLOYMENTS[0], sessions, "tiny")
@@ -198,7 +198,7 @@ def test_the_figures_are_predicted_again_at_the_runs_own_step_speed() -> None:
 def test_a_gpu_runs_on_the_spec_its_name_gives(monkeypatch: pytest.MonkeyPatch, name: str, spec: str | None) -> None:
     import torch
 
-    from agents_eval.sim.validate import device_spec
+    from agents_eval.sim.validation.absolute import device_spec
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
     assert device_spec("cpu") == "cpu"
@@ -213,8 +213,8 @@ def test_the_datasheet_prediction_runs_the_engines_device_and_dtype_without_a_ca
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The real runs' deployment, simulated on the roofline of `configs/devices/` for the engine's device: the
     figures beside the same measured ones."""
-    from agents_eval.sim.specs import DeviceSpec
-    from agents_eval.sim.validate import measure, measured_cluster, on_datasheet
+    from agents_eval.sim.model.specs import DeviceSpec
+    from agents_eval.sim.validation.absolute import measure, measured_cluster, on_datasheet
 
     monkeypatch.setenv("AGENTSERVE_ENGINE_DTYPE", "bfloat16")
     cluster = measured_cluster(DEPLOYMENTS[1], None, "tiny")

@@ -10,9 +10,9 @@ from typing import Any
 
 import simpy
 
-from agents_eval.sim.cluster import Cluster
-from agents_eval.sim.gateway import Gateway
-from agents_eval.sim.records import Decided, RoleChange
+from agents_eval.sim.model.cluster import Cluster
+from agents_eval.sim.model.gateway import Gateway
+from agents_eval.sim.model.records import Decided, RoleChange
 from engine.capacity.policy import CapacityPolicy, Decision
 from engine.capacity.settings import CapacitySettings
 from engine.capacity.signals import DECODE, PREFILL, LoadSnapshot, role_figures

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import simpy
 
-from agents_eval.sim.blocks import BlockHashes, SimKVCacheManager
-from agents_eval.sim.calibration import CalibratedTimer, Calibration
-from agents_eval.sim.config import ClusterConfig, Pool, transports
-from agents_eval.sim.cost import Link, RooflineTimer, StepTimer
-from agents_eval.sim.records import RunLog
-from agents_eval.sim.specs import DeviceSpec, ModelShape
-from agents_eval.sim.tokens import TokenIds
-from agents_eval.sim.worker import Gpus, Host, SimWorker
+from agents_eval.sim.calibration.fit import CalibratedTimer, Calibration
+from agents_eval.sim.model.blocks import BlockHashes, SimKVCacheManager
+from agents_eval.sim.model.config import ClusterConfig, Pool, transports
+from agents_eval.sim.model.cost import Link, RooflineTimer, StepTimer
+from agents_eval.sim.model.records import RunLog
+from agents_eval.sim.model.specs import DeviceSpec, ModelShape
+from agents_eval.sim.model.tokens import TokenIds
+from agents_eval.sim.model.worker import Gpus, Host, SimWorker
 from engine.capacity.signals import DECODE, PREFILL
 from engine.core.queue_policy import make_queue_policy
 from engine.core.scheduler import Scheduler

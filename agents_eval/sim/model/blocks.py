@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from agents_eval.sim.tokens import TokenView
+from agents_eval.sim.model.tokens import TokenView
 from engine.kv_cache.manager import BlockKeys, ExtraKeys, KVCacheManager, hash_block_tokens
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import bisect
 from typing import Any
 
-from agents_eval.sim.calibration import CalibratedTimer, Calibration, kind
-from agents_eval.sim.cost import StepWork
+from agents_eval.sim.calibration.fit import CalibratedTimer, Calibration, kind
+from agents_eval.sim.model.cost import StepWork
 from engine.core.step_trace import TracedStep
 
 

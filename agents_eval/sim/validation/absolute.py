@@ -24,12 +24,12 @@ from rich.progress import Progress
 
 from agents_eval.harness.report import Table
 from agents_eval.harness.stats import percentile
-from agents_eval.sim.calibration import Calibration
-from agents_eval.sim.config import ClusterConfig, EngineKnobs, Pool
-from agents_eval.sim.real_runs import in_process, play, through_processes
+from agents_eval.sim.calibration.fit import Calibration
+from agents_eval.sim.model.config import ClusterConfig, EngineKnobs, Pool
+from agents_eval.sim.model.specs import DEVICES_DIR
 from agents_eval.sim.run import simulate
-from agents_eval.sim.specs import DEVICES_DIR
-from agents_eval.sim.step_agreement import agreement, run_speed
+from agents_eval.sim.validation.real_runs import in_process, play, through_processes
+from agents_eval.sim.validation.step_agreement import agreement, run_speed
 from agents_eval.sim.workload import SimSession, from_workload
 from agents_eval.workloads import swe
 from engine.core.step_trace import TracedStep, read_steps

@@ -12,14 +12,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agents_eval.bench.agent import plots as plots
 from agents_eval.bench.agent.configs import CONFIGS, LABELS
-from agents_eval.bench.agent.cost import CostSettings, cost_figures, engine_resources
 from agents_eval.bench.agent.gateway import deployment_workers, threads_per_worker
 from agents_eval.bench.agent.metrics import summarize
+from agents_eval.bench.agent.report import plots as plots
+from agents_eval.bench.agent.report.cost import CostSettings, cost_figures, engine_resources
+from agents_eval.bench.agent.report.tables import markdown
 from agents_eval.bench.agent.run import Point
-from agents_eval.bench.agent.search import Probe, SearchResult
-from agents_eval.bench.agent.tables import markdown
+from agents_eval.bench.agent.search.search import Probe, SearchResult
 from agents_eval.harness.report import ReportFiles, goal, write_report
 from agents_eval.harness.stats import RequestRecord, Slo, ratio
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from agents_eval.sim.specs import DeviceSpec, ModelShape
+from agents_eval.sim.model.specs import DeviceSpec, ModelShape
 
 
 @dataclass(frozen=True)

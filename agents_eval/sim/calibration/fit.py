@@ -34,8 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-from agents_eval.sim.cost import StepWork, attention_flops, linear_flops, step_bytes
-from agents_eval.sim.specs import ModelShape
+from agents_eval.sim.model.cost import StepWork, attention_flops, linear_flops, step_bytes
+from agents_eval.sim.model.specs import ModelShape
 
 FEATURES = ("step", "seq", "linear_flop", "attention_flop", "byte")
 KINDS = ("decode", "prefill")  # a step of decodes only; a step computing a prompt chunk (decodes may join it)

@@ -13,11 +13,11 @@ from typing import Any
 
 import simpy
 
-from agents_eval.sim.blocks import Prompt
-from agents_eval.sim.cluster import Cluster
-from agents_eval.sim.records import RequestRecord
-from agents_eval.sim.tokens import SimSequence
-from agents_eval.sim.worker import SimWorker
+from agents_eval.sim.model.blocks import Prompt
+from agents_eval.sim.model.cluster import Cluster
+from agents_eval.sim.model.records import RequestRecord
+from agents_eval.sim.model.tokens import SimSequence
+from agents_eval.sim.model.worker import SimWorker
 from agents_eval.sim.workload import SimSession
 from agents_eval.workloads.types import APPEND
 from engine.capacity.routing import Turn, place

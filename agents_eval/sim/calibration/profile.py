@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agents_eval.sim.calibration import StepSample, fit, kind
-from agents_eval.sim.cost import StepWork
-from agents_eval.sim.real_runs import POLL_S, Step, in_process, through_processes
+from agents_eval.sim.calibration.fit import StepSample, fit, kind
+from agents_eval.sim.model.cost import StepWork
+from agents_eval.sim.validation.real_runs import POLL_S, Step, in_process, through_processes
 from engine.core.sampling.sampler import SamplingParams
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from pathlib import Path
 from rich.progress import Progress, TaskID
 
 from agents_eval.bench.agent.run import Point, RunOptions, measure_point
-from agents_eval.bench.agent.search import SearchResult, search_in_turn
+from agents_eval.bench.agent.search.search import SearchResult, search_in_turn
 from agents_eval.bench.agent.settings import AgentBenchSettings, SearchSettings
 from agents_eval.bench.agent.workload import WorkloadOptions, build_workload, default_rate, session_rate
 from agents_eval.harness.drive import RunLimits

@@ -14,9 +14,9 @@ from typing import Any
 
 import simpy
 
-from agents_eval.sim.cost import StepTimer, StepWork
-from agents_eval.sim.records import RequestRecord, RoleChange, RunLog
-from agents_eval.sim.tokens import SimSequence, TokenIds
+from agents_eval.sim.model.cost import StepTimer, StepWork
+from agents_eval.sim.model.records import RequestRecord, RoleChange, RunLog
+from agents_eval.sim.model.tokens import SimSequence, TokenIds
 from engine.capacity.signals import WorkerLoad
 from engine.core.scheduler import ScheduledBatch, Scheduler
 from engine.core.stats import StepTimer as StepRates
