@@ -22,9 +22,9 @@ if TYPE_CHECKING:
     from engine.core.ids import fresh_id
     from engine.core.llm_engine import LLMEngine
     from engine.core.output import RequestOutput
+    from engine.core.sampling.constraint import GrammarCounters, GrammarSpec
     from engine.core.sampling.defaults import SamplingDefaults, model_sampling_defaults
     from engine.core.sampling.grammar import JSON_OPTIONS, GrammarError, check_grammar
-    from engine.core.sampling.grammar_spec import GrammarCounters, GrammarSpec
     from engine.core.sampling.sampler import RequestError, SamplingParams, TokenLogprob
     from engine.core.sequence import SessionRef
     from engine.core.slo import load_slo_config
@@ -60,8 +60,8 @@ _EXPORTS = {  # name: its module
     "GrammarError": "engine.core.sampling.grammar",
     "JSON_OPTIONS": "engine.core.sampling.grammar",
     "check_grammar": "engine.core.sampling.grammar",
-    "GrammarCounters": "engine.core.sampling.grammar_spec",
-    "GrammarSpec": "engine.core.sampling.grammar_spec",
+    "GrammarCounters": "engine.core.sampling.constraint",
+    "GrammarSpec": "engine.core.sampling.constraint",
     "RequestError": "engine.core.sampling.sampler",
     "SamplingParams": "engine.core.sampling.sampler",
     "TokenLogprob": "engine.core.sampling.sampler",

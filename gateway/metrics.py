@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.metrics_core import Metric
 
 from engine import EngineStats, WorkerReport
-from gateway.metrics_grammar import GrammarMetrics
+from gateway.engine_counters import GrammarMetrics
 
 PREFIX = "agentserve:"
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the classic format every Prometheus reads

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -98,16 +99,33 @@ def test_imports_go_down_the_layers(package: str) -> None:
     assert not upward, "\n".join(upward)
 
 
-def test_no_package_root_holds_more_than_twelve_modules() -> None:
-    """`__init__.py` aside; a folder that needs more splits by concern into subpackages."""
-    crowded = {}
+def _package_folders() -> dict[str, list[str]]:
+    """Every package folder (relative path) with its modules' names, `__init__` aside."""
+    folders = {}
     for package in PACKAGES:
         for folder in [ROOT / package, *(p.parent for p in (ROOT / package).rglob("*/__init__.py"))]:
-            modules = [p for p in folder.glob("*.py") if p.name != "__init__.py"]
-            name = folder.relative_to(ROOT).as_posix()
-            if len(modules) > MAX_MODULES_PER_ROOT:
-                crowded[name] = len(modules)
+            folders[folder.relative_to(ROOT).as_posix()] = sorted(
+                p.stem for p in folder.glob("*.py") if p.name != "__init__.py")
+    return folders
+
+
+def test_no_package_root_holds_more_than_twelve_modules() -> None:
+    """A folder that needs more splits by concern into subpackages."""
+    crowded = {name: len(modules) for name, modules in _package_folders().items()
+               if len(modules) > MAX_MODULES_PER_ROOT}
     assert not crowded, crowded
+
+
+def test_no_two_modules_of_a_folder_share_a_name_prefix() -> None:
+    """`responses.py` beside `responses_ws.py` wants a `responses/` folder: no two modules of one folder start
+    with the same word."""
+    shared = {}
+    for name, modules in _package_folders().items():
+        words = Counter(module.split("_")[0] for module in modules)
+        prefixed = [module for module in modules if words[module.split("_")[0]] > 1]
+        if prefixed:
+            shared[name] = prefixed
+    assert not shared, shared
 
 
 def test_gateway_and_trajectory_import_the_engine_through_its_public_api() -> None:

@@ -15,8 +15,8 @@ import torch
 from engine.config import EngineSettings
 from engine.core.output import OutputProcessor, RequestOutput
 from engine.core.queue_policy import make_queue_policy
+from engine.core.sampling.constraint import GrammarCounters
 from engine.core.sampling.grammar import Grammars, grammar_tokenizer
-from engine.core.sampling.grammar_spec import GrammarCounters
 from engine.core.sampling.sampler import RequestError, SamplingParams, TokenLogprob
 from engine.core.scheduler import ScheduledBatch, Scheduler
 from engine.core.sequence import Sequence, SessionRef

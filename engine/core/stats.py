@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.capacity.signals import AdmittedWork
-from engine.core.sampling.grammar_spec import GrammarCounters
+from engine.core.sampling.constraint import GrammarCounters
 from engine.core.sequence import Sequence
 from engine.model.mask import HistoryCounters
 

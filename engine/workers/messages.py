@@ -88,7 +88,7 @@ class Shutdown:
 
 @dataclass
 class InjectKVFault:
-    """Failure testing only: damage this prefill worker's KV transfers (see kv_stream.FAULTS)."""
+    """Failure testing only: damage this prefill worker's KV transfers (see layer_sender.FAULTS)."""
 
     fault: str | None
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from agents_eval.bench.structured.tasks import TOOLS, AgentTask, SchemaTask
 from engine.core.llm_engine import Completion, LLMEngine
-from engine.core.sampling.grammar_spec import GrammarCounters, GrammarSpec
+from engine.core.sampling.constraint import GrammarCounters, GrammarSpec
 from engine.core.sampling.sampler import SamplingParams
 from gateway.api.structured import schema_spec, tool_call_grammar
 from gateway.api.tool_calls import parse_tool_calls

@@ -25,7 +25,7 @@ import torch
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
 
-from engine.core.sampling.grammar_spec import GrammarCounters, GrammarSpec
+from engine.core.sampling.constraint import GrammarCounters, GrammarSpec
 from engine.core.sampling.sampler import RequestError
 
 # compact JSON as json.dumps writes it (and the chat template renders tool calls): one spelling per value, so a

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.core.sampling.grammar_spec import GrammarSpec
+from engine.core.sampling.constraint import GrammarSpec
 
 
 class RequestError(ValueError):

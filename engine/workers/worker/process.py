@@ -20,9 +20,9 @@ from engine.kv_cache.wire import KVWireError
 from engine.transport import make_transport
 from engine.transport.base import KVReceiver, Transport, TransportSettings
 from engine.workers import messages as m
+from engine.workers.worker.frame_assembly import KVAssembler
 from engine.workers.worker.handoff import accept_handoff, release, take_handoff
-from engine.workers.worker.kv_assembly import KVAssembler
-from engine.workers.worker.kv_stream import LayerStreamer, TransferStats
+from engine.workers.worker.layer_sender import LayerStreamer, TransferStats
 
 log = logging.getLogger(__name__)
 IDLE_POLL_S = 0.002  # idle while KV is on its way here or being read from here: frames wake no pipe
@@ -40,7 +40,7 @@ class WorkerSpec:
     role: str
     num_threads: int | None  # torch intra-op threads; None: torch's default (every core)
     kv_timeout_s: float
-    kv_fault: str | None = None  # failure testing only: see kv_stream.FAULTS
+    kv_fault: str | None = None  # failure testing only: see layer_sender.FAULTS
     report_interval_s: float = 0.1  # how often a busy worker sends its Load
     peers: tuple[int, ...] = ()  # the other workers: each gets a KV receiver of its own here
     kv_host: str | None = None  # where its KV receivers listen (tcp, rdma); None: the transport's setting

@@ -10,8 +10,8 @@ import pytest
 
 from engine.config import EngineSettings
 from engine.core.llm_engine import LLMEngine
+from engine.core.sampling.constraint import GrammarSpec
 from engine.core.sampling.grammar import JSON_OPTIONS, GrammarError, json_schema_spec
-from engine.core.sampling.grammar_spec import GrammarSpec
 from engine.core.sampling.sampler import RequestError, SamplingParams
 
 SCHEMA = {"type": "object", "properties": {

@@ -15,7 +15,7 @@ from engine.core.sequence import Sequence
 from engine.model.attention import span_mask
 from engine.model.mask import MaskedSpan, block_keys
 from engine.model.runner import _attended
-from engine.workers.worker.kv_stream import wire_hashes
+from engine.workers.worker.layer_sender import wire_hashes
 
 PROMPT_LEN = 40
 STEPS = 6

@@ -15,7 +15,7 @@ import pytest
 
 from engine.config import EngineSettings
 from engine.core.llm_engine import LLMEngine
-from engine.core.sampling.grammar_spec import GrammarSpec
+from engine.core.sampling.constraint import GrammarSpec
 from gateway.api.structured import output_plan, schema_spec, tool_call_grammar
 from gateway.settings import GatewaySettings
 from gateway.upstream.request import grammar_fields

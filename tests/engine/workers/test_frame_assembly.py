@@ -8,8 +8,8 @@ import torch
 from engine.core.sampling.sampler import SamplingParams
 from engine.kv_cache.wire import KVBlock, layer_runs
 from engine.workers.messages import Handoff
-from engine.workers.worker.kv_assembly import KVAssembler
-from engine.workers.worker.kv_stream import wire_hashes
+from engine.workers.worker.frame_assembly import KVAssembler
+from engine.workers.worker.layer_sender import wire_hashes
 
 LAYERS, BLOCK = 2, 4
 

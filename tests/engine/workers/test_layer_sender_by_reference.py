@@ -14,9 +14,9 @@ from engine.core.llm_engine import Completion, LLMEngine
 from engine.core.sampling.sampler import SamplingParams
 from engine.transport import make_transport
 from engine.transport.base import BorrowedBlock, KVReceiver, TransportSettings
+from engine.workers.worker.frame_assembly import KVAssembler
 from engine.workers.worker.handoff import accept_handoff, read_layer, release, take_handoff
-from engine.workers.worker.kv_assembly import KVAssembler
-from engine.workers.worker.kv_stream import LayerStreamer, TransferStats
+from engine.workers.worker.layer_sender import LayerStreamer, TransferStats
 
 SETTINGS = EngineSettings(num_kv_blocks=128, block_size=8, max_num_batched_tokens=64)
 PROMPT = [1, *range(10, 47)]  # four full blocks and a partial one

@@ -20,7 +20,7 @@ import torch
 
 from engine.kv_cache.wire import KVBlock
 from engine.workers.messages import Handoff, KVCounters
-from engine.workers.worker.kv_stream import wire_hashes
+from engine.workers.worker.layer_sender import wire_hashes
 
 FrameKey = tuple[int, int]  # (hash of the frame's last block, layer)
 Release = Callable[[], None]

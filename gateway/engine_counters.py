@@ -1,5 +1,5 @@
 """Structured-output metrics from the engine's cumulative grammar counters
-(`engine.core.sampling.grammar_spec.GrammarCounters`),
+(`engine.core.sampling.constraint.GrammarCounters`),
 turned into Prometheus counter increments per source like the other engine totals. Mask time per step is
 `grammar_mask_seconds_total` over `grammar_mask_steps_total`; the compile cache's hit rate is
 `grammar_compile_cache_hits_total` over `grammar_compile_cache_queries_total`.
