@@ -144,6 +144,7 @@ def _hand_counts(t: Transcript, count: Callable[[str], int], keep: int) -> dict[
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # three transcripts of ten observations, five variants, on SmolLM2 (a busy host: 600 s+)
 def test_three_transcripts_every_figure_recounted(three: QualityResult, smollm2_tokenizer: Tokenizer) -> None:
     report = json.loads(three.files.json.read_text())
     keep = TrajectorySettings().masks.keep_last_tool_observations
@@ -183,6 +184,7 @@ def _check_variant(figures: dict[str, Any], own: list[dict[str, Any]], full: lis
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_three_transcripts_saving_order_and_report_files(three: QualityResult) -> None:
     variants = three.report["variants"]
     hidden = {v: variants[v]["hidden_ratio"] for v in VARIANTS}
