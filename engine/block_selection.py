@@ -1,4 +1,5 @@
-"""The `query` history policy on the device: per-block key summaries and the scores of a step's queries.
+"""The `query` and `attention` history policies on the device: per-block key summaries, the scores of a step's
+queries, and the attention they actually gave.
 
 Each full block of a request's history is summarised once, per layer, by the element-wise minimum and maximum
 of its keys ([2, kv_heads, head_dim]: 2 x 64 x 3 x 4 = 1.5 KiB per layer for SmolLM2 in float32, against
@@ -6,6 +7,11 @@ of its keys ([2, kv_heads, head_dim]: 2 x 64 x 3 x 4 = 1.5 KiB per layer for Smo
 for every key k of the block (Quest), so a block no query can score high on is safe to skip. The scores of a
 block are these bounds, softmaxed over the history per layer and query head, and its score their maximum: a
 block stays when any head of any layer may look at it.
+
+`attention` scores a block by the share of attention the request's own decode queries gave its tokens (exact
+softmax over the history, per layer and head, its largest share), accumulated over the request's picks with
+each older pick weighing ATTENTION_DECAY as much (H2O keeps the tokens with the most accumulated attention): a
+block is kept for what was looked at, not for what could be.
 
 Summaries are worked out from the KV cache itself, for the blocks that filled since the last selection, so
 they follow the KV wherever it goes (a hand-off, a tier and back) and cost nothing to requests without the
@@ -18,11 +24,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+ATTENTION_DECAY = 0.5
+
 
 @dataclass
 class RequestSummaries:
     block_ids: list[int] = field(default_factory=list)  # the request's full blocks summarised, in table order
     bounds: torch.Tensor | None = None  # [layers, 2 (min, max), blocks, kv_heads, head_dim]
+    attended: torch.Tensor | None = None  # [blocks]: accumulated attention shares (the `attention` policy)
 
 
 class BlockSummaries:
@@ -42,6 +51,17 @@ class BlockSummaries:
         known.bounds = new if kept is None else torch.cat((kept, new), dim=2)
         known.block_ids = list(block_ids)
         return known.bounds
+
+    def attention(self, request_id: str, queries: torch.Tensor, block_ids: list[int], kv_caches: list[torch.Tensor],
+                  scale: float) -> torch.Tensor:
+        """[len(block_ids)]: these full blocks' accumulated attention from the request's queries, this step's
+        (queries [layers, heads, head_dim]) included."""
+        known = self._requests.setdefault(request_id, RequestSummaries())
+        shares = block_attention(queries, kv_caches, block_ids, self.block_size, scale)
+        before = known.attended if known.attended is not None else shares.new_zeros(0)
+        kept = before[:min(len(before), len(shares))] * ATTENTION_DECAY
+        known.attended = shares + torch.nn.functional.pad(kept, (0, len(shares) - len(kept)))
+        return known.attended
 
     def forget(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
@@ -70,6 +90,23 @@ def block_scores(queries: torch.Tensor, bounds: torch.Tensor, scale: float) -> t
     upper = (torch.einsum("lkgd,lbkd->lbkg", grouped.clamp(min=0), bounds[:, 1])
              + torch.einsum("lkgd,lbkd->lbkg", grouped.clamp(max=0), bounds[:, 0]))
     return torch.softmax(upper * scale, dim=1).amax(dim=(0, 2, 3))
+
+
+def block_attention(queries: torch.Tensor, kv_caches: list[torch.Tensor], block_ids: list[int], block_size: int,
+                    scale: float) -> torch.Tensor:
+    """queries [layers, heads, head_dim] of one token -> [blocks]: per layer and query head, the share of its
+    attention over these blocks' tokens that each block gets; a block's score is its largest share."""
+    ids = torch.tensor(block_ids, dtype=torch.long, device=kv_caches[0].device)
+    heads, head_dim = queries.shape[1:]
+    shares = []
+    for layer, cache in enumerate(kv_caches):
+        keys = cache[0].view(-1, block_size, *cache.shape[2:]).index_select(0, ids).float()  # [B, size, KV, D]
+        kv_heads = keys.shape[2]
+        grouped = queries[layer].float().view(kv_heads, heads // kv_heads, head_dim)
+        logits = torch.einsum("kgd,bskd->kgbs", grouped, keys) * scale  # [KV, G, B, size]
+        weights = torch.softmax(logits.flatten(2), dim=-1).view_as(logits)
+        shares.append(weights.sum(dim=-1).amax(dim=(0, 1)))  # [B]
+    return torch.stack(shares).amax(dim=0)
 
 
 @dataclass

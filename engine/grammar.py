@@ -4,7 +4,11 @@ before sampling, and jump-forward: the tokens a grammar forces are appended with
 
 A matcher follows its request's accepted output tokens: advanced by each sampled token, and rebuilt from the
 output so far where a request continues elsewhere (a decode worker taking over from a prefill worker). A
-preempted request keeps its outputs, so its matcher stays valid while its KV is recomputed."""
+preempted request keeps its outputs, so its matcher stays valid while its KV is recomputed.
+
+A spec with a trigger is lazy: its request samples freely, its output's bytes watched, until the trigger appears;
+then its matcher starts on the output from the trigger on (retokenized: the grammar reads bytes, so a token that
+straddles the trigger's start is no obstacle) and constrains the rest."""
 
 from __future__ import annotations
 
@@ -138,22 +142,27 @@ class Grammars:
         self.vocab_size = vocab_size
         self._matchers: dict[str, llguidance.LLMatcher] = {}
         self._jump: dict[str, bool] = {}
+        self._waiting: dict[str, tuple[GrammarSpec, bytes]] = {}  # lazy specs, with the output's last bytes
         self._executor = llguidance.LLExecutor()
 
     def add(self, request_id: str, spec: GrammarSpec, accepted: list[int], room: int) -> list[int]:
         """Start (or rebuild) a request's matcher from its accepted output tokens; the tokens the grammar then
         forces (at most `room`), which the caller appends to the output."""
+        self.counters.constrained_requests += 0 if accepted else 1
+        self._jump[request_id] = spec.jump_forward
+        if spec.trigger:
+            self._waiting[request_id] = (spec, b"")
+            return self._watch(request_id, accepted, room)
         matcher = self.compiler.matcher(spec)
         if accepted and not matcher.consume_tokens(accepted):
             raise GrammarError(f"the output so far does not match the grammar: {matcher.get_error()}")
         self._matchers[request_id] = matcher
-        self._jump[request_id] = spec.jump_forward
-        self.counters.constrained_requests += 0 if accepted else 1
         return self._forced(request_id, matcher, room)
 
     def remove(self, request_id: str) -> None:
         self._matchers.pop(request_id, None)
         self._jump.pop(request_id, None)
+        self._waiting.pop(request_id, None)
 
     def constrains(self, request_id: str) -> bool:
         return request_id in self._matchers
@@ -199,6 +208,8 @@ class Grammars:
 
     def accept(self, request_id: str, token: int, room: int) -> list[int]:
         """Advance a request's matcher by its sampled token; the tokens then forced (at most `room`)."""
+        if request_id in self._waiting:
+            return self._watch(request_id, [token], room)
         matcher = self._matchers.get(request_id)
         if matcher is None:
             return []
@@ -207,6 +218,24 @@ class Grammars:
                       token, matcher.get_error())
             self.remove(request_id)
             return []
+        return self._forced(request_id, matcher, room)
+
+    def _watch(self, request_id: str, tokens: list[int], room: int) -> list[int]:
+        """A lazy request's new output tokens: its matcher starts where its trigger first appears."""
+        spec, tail = self._waiting[request_id]
+        trigger = spec.trigger.encode()
+        text = tail + self.compiler.tokenizer.decode_bytes(tokens)
+        start = text.find(trigger)
+        if start < 0:
+            self._waiting[request_id] = (spec, text[max(0, len(text) - len(trigger) + 1):])
+            return []
+        del self._waiting[request_id]
+        matcher = self.compiler.matcher(spec)
+        if not matcher.consume_tokens(self.compiler.tokenizer.tokenize_bytes(text[start:])):
+            log.warning("request %s: its output from %r on cannot match its grammar (%s); it goes on unconstrained",
+                        request_id, spec.trigger, matcher.get_error())
+            return []
+        self._matchers[request_id] = matcher
         return self._forced(request_id, matcher, room)
 
     def _forced(self, request_id: str, matcher: llguidance.LLMatcher, room: int) -> list[int]:

@@ -15,6 +15,9 @@ class GrammarSpec:
     kind: GrammarKind
     source: str = ""  # the schema's JSON text, the Lark grammar or the regex; empty for json_object
     jump_forward: bool = True  # append the tokens the grammar forces without sampling them
+    # when set, the output is free until this text first appears in it; from there on (the trigger included) it
+    # must match the grammar: a call the model starts of its own accord (llama.cpp's lazy grammars)
+    trigger: str = ""
 
 
 @dataclass

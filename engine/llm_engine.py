@@ -265,7 +265,7 @@ class LLMEngine:
                        prefill_tokens_per_s=self.step_timer.prefill_tokens_per_s,
                        prefill_stall_tokens_per_s=self.step_timer.prefill_stall_tokens_per_s,
                        decode_line=self.step_timer.decode_line.line(), workers={"colocated": 1},
-                       grammar=self.grammar_counters())
+                       grammar=self.grammar_counters(), history=self.runner.history.copy())
 
     def wakeup(self) -> None:
         """Nothing to do: a colocated step never blocks waiting for events."""

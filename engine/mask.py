@@ -12,11 +12,14 @@ reads nor FLOPs.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 from engine.block_manager import BlockKeys, ExtraKeys
 
-SELECTION_POLICIES = ("age", "query")  # age: the caller's masked spans; query: blocks scored by the engine
+# age: the caller's masked spans; query and attention: blocks scored by the engine (`QuerySelection.policy`)
+SELECTION_POLICIES = ("age", "query", "attention")
+ScoredPolicy = Literal["query", "attention"]
 
 
 @dataclass(frozen=True)
@@ -41,8 +44,9 @@ class MaskedSpan:
 
 @dataclass(frozen=True)
 class QuerySelection:
-    """The `query` policy of a request: every `refresh_steps` decode steps the engine scores each history block
-    by an upper bound of its keys' dot product with the step's queries (per-block key minima and maxima) and
+    """The `query` (and `attention`) policy of a request: every `refresh_steps` decode steps the engine scores
+    each history block by an upper bound of its keys' dot product with the step's queries (per-block key minima
+    and maxima; `policy="attention"`: by the attention the request's queries gave it, accumulated) and
     attends to the best `budget` share of the history blocks from the next step on, plus the blocks it never
     skips: the first `sink_tokens`, the `kept` token ranges (tool-call headers, the current and previous turn)
     and the last `recent_tokens`."""
@@ -53,6 +57,7 @@ class QuerySelection:
     recent_tokens: int = 256
     kept: tuple[tuple[int, int], ...] = ()
     kept_from: int | None = None  # every position from here on (the previous and current turn)
+    policy: ScoredPolicy = "query"
 
     def __post_init__(self) -> None:
         if not 0.0 < self.budget <= 1.0 or self.refresh_steps < 1:
@@ -80,6 +85,30 @@ class QuerySelection:
     def due(self, num_output_tokens: int) -> bool:
         """Whether the decode step of the last of these output tokens picks the blocks (the first does)."""
         return num_output_tokens >= 1 and (num_output_tokens - 1) % self.refresh_steps == 0
+
+
+@dataclass
+class HistoryCounters:
+    """Cumulative picks of the engine-scored history policies, by policy: the picks made, the full history blocks
+    held at those picks, and those the picks left attended (attended over held: the share of its history a
+    decode step reads)."""
+
+    picks: dict[str, int] = field(default_factory=dict)
+    held_blocks: dict[str, int] = field(default_factory=dict)
+    attended_blocks: dict[str, int] = field(default_factory=dict)
+
+    def record(self, policy: str, held: int, attended: int) -> None:
+        for counts, value in ((self.picks, 1), (self.held_blocks, held), (self.attended_blocks, attended)):
+            counts[policy] = counts.get(policy, 0) + value
+
+    def add(self, other: HistoryCounters) -> None:
+        for mine, theirs in ((self.picks, other.picks), (self.held_blocks, other.held_blocks),
+                             (self.attended_blocks, other.attended_blocks)):
+            for policy, value in theirs.items():
+                mine[policy] = mine.get(policy, 0) + value
+
+    def copy(self) -> HistoryCounters:
+        return HistoryCounters(dict(self.picks), dict(self.held_blocks), dict(self.attended_blocks))
 
 
 def spans_skipping_blocks(blocks: Iterable[int], block_size: int, from_position: int,

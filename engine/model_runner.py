@@ -20,7 +20,7 @@ from engine.attention import (
 from engine.block_selection import BlockSummaries, QueryCapture, block_scores
 from engine.config import ModelConfig
 from engine.grammar import Grammars
-from engine.mask import MaskedSpan, spans_skipping_blocks
+from engine.mask import HistoryCounters, MaskedSpan, spans_skipping_blocks
 from engine.model import LlamaForCausalLM
 from engine.sampling import Sampler, TokenLogprob, token_logprob
 from engine.scheduler import ScheduledBatch
@@ -60,7 +60,8 @@ class ModelRunner:
         self.batch_decodes = self.device.type != "cpu"  # see attention.DecodeBatch
         self._block_offsets = torch.arange(block_size)
         self.sampler = Sampler()
-        self.summaries = BlockSummaries(block_size)  # of the `query` policy's requests only
+        self.summaries = BlockSummaries(block_size)  # of the `query` and `attention` policies' requests only
+        self.history = HistoryCounters()
         self.grammars: Grammars | None = None  # set by the engine at its first constrained request
         self.kv_caches = [
             new_kv_cache(num_blocks * block_size, config.num_key_value_heads, config.head_dim, dtype, device)
@@ -119,15 +120,21 @@ class ModelRunner:
             self.grammars.remove(request_id)
 
     def _select_blocks(self, entries: list[_Entry], capture: QueryCapture) -> None:
-        """The `query` policy: score each decoding request's full history blocks against this step's queries
-        and skip, from its next step on, those its selection leaves out."""
+        """The `query` and `attention` policies: score each decoding request's full history blocks by this step's
+        queries (their key bounds, or the attention they gave) and skip, from its next step on, those its
+        selection leaves out."""
+        scale = self.config.head_dim ** -0.5
         for index, entry in enumerate(entries):
             seq, position = entry.seq, entry.seq.num_computed_tokens
             assert seq.selection is not None
             full = entry.block_ids[:position // self.block_size]
-            bounds = self.summaries.bounds(seq.request_id, full, self.kv_caches)
-            scores = block_scores(capture.of_row(index), bounds, self.config.head_dim ** -0.5)
+            if seq.selection.policy == "attention":
+                scores = self.summaries.attention(seq.request_id, capture.of_row(index), full, self.kv_caches, scale)
+            else:
+                scores = block_scores(capture.of_row(index), self.summaries.bounds(seq.request_id, full,
+                                                                                   self.kv_caches), scale)
             skipped = seq.selection.skipped_blocks(scores.tolist(), position, self.block_size)
+            self.history.record(seq.selection.policy, len(full), len(full) - len(skipped))
             new = spans_skipping_blocks(skipped, self.block_size, position + 1)
             seq.selected_spans = _reselected(seq.selected_spans, new, position + 1)
 

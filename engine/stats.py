@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from engine.capacity.signals import AdmittedWork
 from engine.grammar_spec import GrammarCounters
+from engine.mask import HistoryCounters
 from engine.sequence import Sequence
 
 
@@ -132,6 +133,7 @@ class EngineStats:
     kv_transfers: dict[str, int] = field(default_factory=dict)  # outcome -> cumulative KV transfers received
     prefill_stall_tokens_per_s: float = 0.0  # StallFit; 0 until a step mixed prefill with decoding
     grammar: GrammarCounters = field(default_factory=GrammarCounters)  # structured outputs, cumulative
+    history: HistoryCounters = field(default_factory=HistoryCounters)  # history blocks picks, cumulative
 
     @classmethod
     def total(cls, parts: list[EngineStats], workers: dict[str, int]) -> EngineStats:
@@ -141,9 +143,10 @@ class EngineStats:
             return sum(measured) / len(measured) if measured else 0.0
 
         transfers: dict[str, int] = {}
-        grammar = GrammarCounters()
+        grammar, history = GrammarCounters(), HistoryCounters()
         for part in parts:
             grammar.add(part.grammar)
+            history.add(part.history)
             for outcome, count in part.kv_transfers.items():
                 transfers[outcome] = transfers.get(outcome, 0) + count
         return cls(sum(p.running for p in parts), sum(p.waiting for p in parts),
@@ -153,7 +156,8 @@ class EngineStats:
                    sum(p.prefix_cache_hits for p in parts), mean([p.decode_step_s for p in parts]),
                    mean([p.prefill_tokens_per_s for p in parts]), mean_line([p.decode_line for p in parts]),
                    workers, kv_transfers=transfers,
-                   prefill_stall_tokens_per_s=mean([p.prefill_stall_tokens_per_s for p in parts]), grammar=grammar)
+                   prefill_stall_tokens_per_s=mean([p.prefill_stall_tokens_per_s for p in parts]), grammar=grammar,
+                   history=history)
 
 
 def mean_line(lines: list[tuple[float, float] | None]) -> tuple[float, float] | None:

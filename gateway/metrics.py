@@ -275,7 +275,7 @@ class Metrics:
         self.counters.prefix_cache_hits.inc(self._hits.delta(source, stats.prefix_cache_hits))
         for outcome, total in stats.kv_transfers.items():
             self.counters.kv_transfers.labels(outcome).inc(self._transfers.delta(f"{source}:{outcome}", total))
-        self._grammar.sync(stats.grammar, source)
+        self._grammar.sync(stats.grammar, stats.history, source)
 
     def sync_signals(self, forecaster: str, reason: str, failures: int) -> None:
         """Which forecaster the controller reads and why; the load-signal pushes that failed (cumulative)."""

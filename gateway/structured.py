@@ -3,7 +3,8 @@
 - `response_format` (chat, completions) and Responses `text.format`: `text`, `json_object`, or `json_schema`
   (with `strict`: a schema keyword the grammar library cannot enforce is a 400; without it such keywords are
   ignored, the rest enforced).
-- `tool_choice`: `auto` (the model may answer or call; calls are parsed), `none` (no call is parsed),
+- `tool_choice`: `auto` (the model may answer or call; a call it starts, from its `<tool_call>` on, is held to
+  the tools' schemas: a lazy grammar, unless `response_format` constrains the whole reply), `none` (no call is parsed),
   `required` (the reply is one or more calls, or exactly one without `parallel_tool_calls`) or a named
   function (one call of it), constrained to valid calls of the tools' JSON schemas in the format the chat
   template teaches and `gateway.tool_calls` parses: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
@@ -21,6 +22,7 @@ from engine.grammar_spec import GrammarSpec
 from gateway.errors import APIError
 
 NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
+TRIGGER = "<tool_call>"
 MAX_PARALLEL_CALLS = 4  # a small model, free to add calls, repeats its call until max_tokens cuts one in half
 
 
@@ -81,9 +83,11 @@ def output_plan(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str,
             raise APIError(400, f"tool_choice {_shown(choice)} needs tools", param="tool_choice",
                            code="invalid_value")
         return OutputPlan(response_format, False)
-    if choice == "auto":
-        return OutputPlan(response_format, True)
     functions = {_name(tool): tool for tool in tools}
+    if choice == "auto":
+        lazy = None if response_format else checked(tool_call_grammar(list(functions.values()), parallel, True),
+                                                    "tools")
+        return OutputPlan(response_format or lazy, True)
     if choice == "required":
         chosen, many = list(functions.values()), parallel
     else:
@@ -95,16 +99,20 @@ def output_plan(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str,
     return OutputPlan(checked(tool_call_grammar(chosen, many), "tools"), True)
 
 
-def tool_call_grammar(tools: list[dict[str, Any]], many: bool) -> GrammarSpec:
+def tool_call_grammar(tools: list[dict[str, Any]], many: bool, lazy: bool = False) -> GrammarSpec:
     """Calls of these tools, each `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` with arguments valid
-    under the tool's parameters schema; when `many`, up to MAX_PARALLEL_CALLS of them on their own lines."""
+    under the tool's parameters schema; when `many`, up to MAX_PARALLEL_CALLS of them on their own lines. A `lazy`
+    grammar starts at the first `<tool_call>` the model writes and allows the whitespace the parser skips around
+    the call's object (the model's own habit, `<tool_call>\n{...}\n</tool_call>`, stays valid)."""
     calls = [{"type": "object", "properties": {"name": {"const": _name(tool)}, "arguments": _parameters(tool)},
               "required": ["name", "arguments"], "additionalProperties": False} for tool in tools]
     strict = all(_function(tool).get("strict") for tool in tools)
     options = {**JSON_OPTIONS, "lenient": not strict}
     body = json.dumps({"x-guidance": options, "anyOf": calls})
     repeat = ' ("\\n" call' * (MAX_PARALLEL_CALLS - 1) + ")?" * (MAX_PARALLEL_CALLS - 1) if many else ""
-    return GrammarSpec("lark", f'start: call{repeat}\ncall: "<tool_call>" body "</tool_call>"\nbody: %json {body}\n')
+    space = " /[ \\n]*/ " if lazy else " "
+    call = f'call: "<tool_call>"{space}body{space}"</tool_call>"'
+    return GrammarSpec("lark", f"start: call{repeat}\n{call}\nbody: %json {body}\n", trigger=TRIGGER if lazy else "")
 
 
 def _parameters(tool: dict[str, Any]) -> dict[str, Any]:

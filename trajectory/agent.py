@@ -94,8 +94,9 @@ class Trajectory:
         pruning = [self._append(message, now, rule) for message in messages]
         self._sync()
         masks = self.policies.settings.masks
-        selection = query_selection(self.state, history, masks.sink_tokens) if policy == "query" else None
-        if selection is None:  # under `query` the masks of earlier `age` turns stay, no new one is added
+        selection = None if policy == "age" else query_selection(
+            self.state, history, masks.sink_tokens, "attention" if policy == "attention" else "query")
+        if selection is None:  # under `query` and `attention` earlier `age` turns' masks stay, no new one added
             update_masks(self.state, masks)
         header = self.renderer.generation_prompt_ids()
         phase = self._classify(messages, self.renderer.num_tokens - start + len(header))

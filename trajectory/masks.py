@@ -5,13 +5,13 @@ observations are masked from the current position on.
 Rules only accumulate (a span once masked stays masked for later positions), so the KV computed under
 earlier rules stays valid and a cold run with the same rules computes the same KV.
 
-`query`: no mask from here; the engine picks the history blocks each decode step reads by what its queries
-ask (`engine.mask.QuerySelection`), and this module names what it must never skip.
+`query` and `attention`: no mask from here; the engine picks the history blocks each decode step reads by what
+its queries ask or looked at (`engine.mask.QuerySelection`), and this module names what it must never skip.
 """
 
 from __future__ import annotations
 
-from engine.mask import MaskedSpan, QuerySelection
+from engine.mask import MaskedSpan, QuerySelection, ScoredPolicy
 from trajectory.session import SessionState
 from trajectory.settings import HistorySettings, MaskSettings
 
@@ -34,10 +34,11 @@ def update_masks(state: SessionState, settings: MaskSettings) -> list[MaskedSpan
     return added
 
 
-def query_selection(state: SessionState, history: HistorySettings, sink_tokens: int) -> QuerySelection:
-    """The `query` policy for the session's next reply: the history blocks it never skips are the sinks,
-    every assistant turn (its tool calls), the first tokens of every observation (which tool said it), and
-    the previous and current turn: all from the end of the reply before last on."""
+def query_selection(state: SessionState, history: HistorySettings, sink_tokens: int,
+                    policy: ScoredPolicy = "query") -> QuerySelection:
+    """The `query` (or `attention`) policy for the session's next reply: the history blocks it never skips are
+    the sinks, every assistant turn (its tool calls), the first tokens of every observation (which tool said it),
+    and the previous and current turn: all from the end of the reply before last on."""
     replies = [turn for turn in state.turns if turn.role == "assistant"]
     previous_turn_start = replies[-2].token_end if len(replies) >= 2 else 0
     kept = [(turn.token_start, turn.token_end) for turn in replies]
@@ -45,4 +46,4 @@ def query_selection(state: SessionState, history: HistorySettings, sink_tokens: 
              for turn in state.turns if turn.observation]
     return QuerySelection(budget=history.budget, refresh_steps=history.refresh_steps, sink_tokens=sink_tokens,
                           recent_tokens=history.recent_tokens, kept=tuple(sorted(kept)),
-                          kept_from=previous_turn_start)
+                          kept_from=previous_turn_start, policy=policy)

@@ -39,13 +39,14 @@ class HistorySettings(BaseModel):
     skipped). `query`: the engine scores every history block against the decode step's queries (per-block key
     bounds) every `refresh_steps` steps and reads the best `budget` share of the history, never skipping the
     sinks, the tool-call headers (assistant turns and the first `header_tokens` of each observation), the
-    current and previous turn, and the last `recent_tokens`. A request picks one of `policies` with
+    current and previous turn, and the last `recent_tokens`. `attention`: as `query`, the blocks scored by the
+    attention the decode queries actually gave them, accumulated over the reply. A request picks one of `policies` with
     `metadata.history_policy`; `default` when it does not."""
 
     model_config = ConfigDict(extra="forbid")
 
-    policies: list[Literal["age", "query"]] = ["age", "query"]  # what this deployment offers
-    default: Literal["age", "query"] = "age"
+    policies: list[Literal["age", "query", "attention"]] = ["age", "query", "attention"]  # what is offered here
+    default: Literal["age", "query", "attention"] = "age"
     budget: float = Field(default=0.5, gt=0, le=1)  # share of the history's blocks a decode step reads
     refresh_steps: int = Field(default=16, ge=1)
     recent_tokens: int = Field(default=256, ge=0)

@@ -13,6 +13,7 @@ and the tool gap; its phase is drawn from the swing window holding that time.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -109,12 +110,19 @@ def token_text(tokenizer: Tokenizer | TokenText | None, seed: int) -> TokenText:
     return TokenText.builtin(seed) if tokenizer is None else TokenText(tokenizer, seed)
 
 
-def build_synthetic(shape: SessionShape, options: SyntheticOptions, text: TokenText) -> Workload:
+SessionMaker = Callable[["SyntheticOptions", "Texts", int, float, str, int], SessionScript]
+
+
+def build_synthetic(shape: SessionShape, options: SyntheticOptions, text: TokenText,
+                    session: SessionMaker | None = None) -> Workload:
+    """The workload of sessions of this shape; `session(options, texts, index, start, system, system_tokens)`
+    makes each one where the shape has its own turn structure (one task and its observations otherwise)."""
+    make = session or (lambda *args: _session(shape, *args))
     starts = poisson_starts(random.Random(options.seed), options.rate, options.duration_s, options.max_sessions)
     system_tokens = shape.system_tokens(options.length_scale)
     system = text.block((shape.name, "system"), system_tokens)
     outputs = ToolOutputs(text.tokenizer, options.seed)
-    scripts = [_session(shape, options, Texts(text, outputs), index, start, system, system_tokens)
+    scripts = [make(options, Texts(text, outputs), index, start, system, system_tokens)
                for index, start in enumerate(starts)]
     fit = options.context_fit(outputs.cutter)
     sessions = fit.fit_all(scripts)
@@ -151,13 +159,14 @@ def _session(shape: SessionShape, options: SyntheticOptions, texts: Texts, index
             at += options.assumed_reply_s + gap
         phase = options.swing.draw(rng, at)
         new_tokens, output_tokens = shape.turn_sizes(rng, phase, options.length_scale)
-        message = _observation(step, texts.turn(session_id, step, shape.tool, new_tokens), shape.tool, bool(tools))
+        message = observation_message(step, texts.turn(session_id, step, shape.tool, new_tokens), shape.tool,
+                                      bool(tools))
         turns.append(Turn(start if step == 0 else None, gap, (message,), new_tokens, output_tokens, phase,
                           shape.history, at, tools))
     return SessionScript(session_id, start, system, tuple(turns), system_tokens)
 
 
-def _observation(step: int, content: str, tool: str, as_tool: bool) -> dict[str, str]:
+def observation_message(step: int, content: str, tool: str, as_tool: bool) -> dict[str, str]:
     """The first turn's task is a user message; later observations answer the previous reply's call."""
     if step == 0 or not as_tool:
         return {"role": "user", "content": content}

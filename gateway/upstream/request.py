@@ -78,7 +78,10 @@ def sampling_fields(params: SamplingParams) -> dict[str, Any]:
 def grammar_fields(grammar: GrammarSpec) -> dict[str, Any]:
     """A structured output as an upstream takes it: OpenAI's `response_format` for JSON (vLLM, SGLang and
     llama.cpp's server all read it), vLLM's `structured_outputs` for a Lark grammar or a regex (forced tool calls;
-    the Lark grammar uses llguidance's `%json`, so the upstream vLLM must run its llguidance backend)."""
+    the Lark grammar uses llguidance's `%json`, so the upstream vLLM must run its llguidance backend). A lazy
+    grammar (a call the model may start, `tool_choice: auto`) is not sent: the upstream parses its own calls."""
+    if grammar.trigger:
+        return {}
     if grammar.kind == "json_object":
         return {"response_format": {"type": "json_object"}}
     if grammar.kind == "json_schema":

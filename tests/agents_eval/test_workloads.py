@@ -12,7 +12,7 @@ import pytest
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers
 
-from agents_eval.workloads import ACT, APPEND, LAST_ACTION, THINK, Workload, mooncake, swe, webarena
+from agents_eval.workloads import ACT, APPEND, LAST_ACTION, THINK, Workload, coding_agent, mooncake, swe, webarena
 from agents_eval.workloads.observations import ToolOutputs
 from agents_eval.workloads.swing import Swing
 from agents_eval.workloads.text import NoExactPrefixError, TokenCut, TokenText, cut_words
@@ -169,6 +169,32 @@ def test_swe_shape(swe_sample: Workload) -> None:
     assert prompts == sorted(prompts)
 
 
+def test_coding_agent_shape(text: TokenText) -> None:
+    """The Copilot coding-agent card's shape, before any context cut: ~3.95 user requests a session, ~7.8 calls
+    each, every call after a request answering the previous reply's call; follow-ups wait on a person (a longer
+    gap than a tool's); histories append; prompt tokens far outnumber completion tokens."""
+    workload = coding_agent.build(seed=4, rate=2.0, duration_s=200.0, max_requests=None, tokenizer=text,
+                                  max_model_len=None, length_scale=0.1)
+    sessions = workload.sessions
+    requests = [[i for i, t in enumerate(s.turns) if t.new_messages[0]["role"] == "user"] for s in sessions]
+    assert len(sessions) > 300 and all(steps[0] == 0 for steps in requests)
+    assert 3.5 < statistics.mean(len(steps) for steps in requests) < 4.4
+    assert 7.0 < sum(len(s.turns) for s in sessions) / sum(len(steps) for steps in requests) < 8.6
+    for session, steps in zip(sessions, requests, strict=True):
+        for step, turn in enumerate(session.turns):
+            if step not in steps:
+                assert turn.new_messages[0]["tool_call_id"] == f"call_{step - 1}"
+    user_gaps = [s.turns[i].tool_gap_s for s, steps in zip(sessions, requests, strict=True) for i in steps[1:]]
+    tool_gaps = [t.tool_gap_s for s, steps in zip(sessions, requests, strict=True)
+                 for i, t in enumerate(s.turns) if i not in steps]
+    assert statistics.median(user_gaps) > 4 * statistics.median(tool_gaps)
+    assert {t.history for s in sessions for t in s.turns} == {APPEND}
+    full = coding_agent.build(seed=4, tokenizer=text, max_requests=None, max_model_len=None, length_scale=1.0)
+    prompt = sum(sum(s.prompt_tokens()) for s in full.sessions)
+    assert prompt > 80 * sum(t.max_output_tokens for s in full.sessions for t in s.turns)
+    assert coding_agent.build(seed=4, tokenizer=text, max_model_len=2048).settings["length_scale"] == 0.25
+
+
 def test_tool_gaps_are_heavy_tailed_and_scale_with_time(text: TokenText, swe_sample: Workload) -> None:
     gaps = sorted(t.tool_gap_s for s in swe_sample.sessions for t in s.turns[1:])
     median, p99 = gaps[len(gaps) // 2], gaps[int(len(gaps) * 0.99)]
@@ -224,7 +250,7 @@ def test_synthetic_agents_speak_function_calling_by_default(build: Callable[...,
 
 
 def test_generated_workloads_are_deterministic_by_seed(text: TokenText) -> None:
-    for build in (webarena.build, swe.build):
+    for build in (webarena.build, swe.build, coding_agent.build):
         first = build(seed=5, tokenizer=text)
         assert first == build(seed=5, tokenizer=text)
         assert turn_texts(first) != turn_texts(build(seed=6, tokenizer=text))
@@ -263,7 +289,8 @@ def test_truncate_by_duration_bounds_open_loop_arrivals(text: TokenText) -> None
 
 @pytest.mark.parametrize(("build", "options"), [(mooncake.build, {}), (webarena.build, {"rate": 1.0}),
                                                 (swe.build, {"rate": 1.0}),
-                                                (swe.build, {"rate": 1.0, "observations": "user"})])
+                                                (swe.build, {"rate": 1.0, "observations": "user"}),
+                                                (coding_agent.build, {"rate": 0.5, "max_model_len": 2048})])
 def test_every_request_fits_the_model_context(build: Callable[..., Workload], options: dict[str, object],
                                               text: TokenText, tokenizer: Tokenizer) -> None:
     workload = build(seed=2, tokenizer=text, max_requests=120, **options)

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.block_selection import ATTENTION_DECAY, block_attention
 from engine.config import EngineSettings
 from engine.llm_engine import LLMEngine
-from engine.mask import MaskedSpan, QuerySelection, spans_skipping_blocks
+from engine.mask import MaskedSpan, QuerySelection, ScoredPolicy, spans_skipping_blocks
 from engine.sampling import SamplingParams
 from tests.engine.test_masks import hf_masked_logits
 
@@ -68,14 +69,17 @@ def test_nothing_skipped_is_the_dense_path(make_hf_checkpoint: Callable[..., Pat
     assert torch.equal(logits, dense_logits)
 
 
+@pytest.mark.parametrize("policy", ["query", "attention"])
 def test_query_selection_is_exact_over_the_blocks_it_picks(
-        make_hf_checkpoint: Callable[..., Path], load_hf_reference: Callable[[Path], torch.nn.Module]) -> None:
-    """Half the history is skipped, picked anew every 3 decode steps: each step equals dense attention over
-    the blocks in force at its position, and the picks change (spans closed, others opened)."""
+        make_hf_checkpoint: Callable[..., Path], load_hf_reference: Callable[[Path], torch.nn.Module],
+        policy: ScoredPolicy) -> None:
+    """Half the history is skipped, picked anew every 3 decode steps (by key bounds, `query`, or by the
+    attention given, `attention`): each step equals dense attention over the blocks in force at its position,
+    and the picks change (spans closed, others opened)."""
     checkpoint = make_hf_checkpoint("llama")
     model = load_hf_reference(checkpoint)
     engine = LLMEngine(str(checkpoint), SETTINGS)
-    selection = QuerySelection(budget=0.5, refresh_steps=3, sink_tokens=4, recent_tokens=BLOCK)
+    selection = QuerySelection(budget=0.5, refresh_steps=3, sink_tokens=4, recent_tokens=BLOCK, policy=policy)
     tokens, logits, spans = run(engine, [], selection)
     assert spans and all(span.from_position > PROMPT_LEN for span in spans)
     assert any(span.until_position is not None for span in spans), "the selection never changed"
@@ -104,6 +108,34 @@ def test_block_summaries_follow_the_kv_to_other_blocks() -> None:
     assert torch.equal(runner.summaries.bounds("a", [0, 1, 2, 3, 4], runner.kv_caches)[:, :, :4], before)
     runner.release("a")
     runner.release("b")
+    assert len(runner.summaries) == 0
+
+
+def test_attention_scores_are_each_block_s_share_of_the_attention_accumulated() -> None:
+    """A block's score is the largest share of any layer's query head's attention its tokens get (a softmax over
+    the blocks' tokens, worked out here head by head), and a later pick adds its shares to the earlier ones,
+    halved."""
+    engine = LLMEngine("tiny", EngineSettings(block_size=BLOCK, num_kv_blocks=64))
+    runner, config = engine.runner, engine.config
+    for cache in runner.kv_caches:
+        cache.copy_(torch.randn(cache.shape, generator=torch.Generator().manual_seed(5)))
+    blocks = [3, 1, 7]
+    queries = torch.randn(config.num_hidden_layers, config.num_attention_heads, config.head_dim,
+                          generator=torch.Generator().manual_seed(6))
+    scale = config.head_dim ** -0.5
+    group = config.num_attention_heads // config.num_key_value_heads
+    expected = torch.zeros(len(blocks))
+    for layer, cache in enumerate(runner.kv_caches):
+        keys = torch.cat([cache[0, b * BLOCK:(b + 1) * BLOCK] for b in blocks])  # [tokens, kv_heads, D]
+        for head in range(config.num_attention_heads):
+            weights = torch.softmax(keys[:, head // group] @ queries[layer, head] * scale, dim=0)
+            expected = torch.maximum(expected, weights.view(len(blocks), BLOCK).sum(dim=1))
+    first = runner.summaries.attention("a", queries, blocks, runner.kv_caches, scale).clone()
+    torch.testing.assert_close(first, expected)
+    second = runner.summaries.attention("a", queries, [*blocks, 9], runner.kv_caches, scale)
+    shares = block_attention(queries, runner.kv_caches, [*blocks, 9], BLOCK, scale)
+    torch.testing.assert_close(second, shares + torch.cat((first * ATTENTION_DECAY, torch.zeros(1))))
+    runner.release("a")
     assert len(runner.summaries) == 0
 
 

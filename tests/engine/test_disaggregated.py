@@ -15,7 +15,7 @@ import pytest
 from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
 from engine.llm_engine import Completion, LLMEngine
-from engine.mask import QuerySelection
+from engine.mask import QuerySelection, ScoredPolicy
 from engine.sampling import RequestError, SamplingParams
 from engine.worker.coordinator import DisaggregatedEngine
 from engine.worker.deployment import DeploymentSettings
@@ -203,9 +203,11 @@ def test_a_worker_dead_before_its_death_is_noticed_gets_no_request() -> None:
         engine.shutdown()
 
 
-def test_query_selection_gives_the_same_tokens_as_colocated(disaggregated: DisaggregatedEngine) -> None:
-    """The `query` policy crosses the hand-off and picks the same blocks on the decode worker."""
-    selection = QuerySelection(budget=0.5, refresh_steps=2, sink_tokens=4, recent_tokens=16)
+@pytest.mark.parametrize("policy", ["query", "attention"])
+def test_query_selection_gives_the_same_tokens_as_colocated(disaggregated: DisaggregatedEngine,
+                                                           policy: ScoredPolicy) -> None:
+    """The `query` and `attention` policies cross the hand-off and pick the same blocks on the decode worker."""
+    selection = QuerySelection(budget=0.5, refresh_steps=2, sink_tokens=4, recent_tokens=16, policy=policy)
     prompts = [[1, *range(30, 30 + n)] for n in (79, 120)]
     params = replace(GREEDY, max_tokens=12)
 

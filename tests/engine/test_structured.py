@@ -9,7 +9,7 @@ import re
 import pytest
 
 from engine.config import EngineSettings
-from engine.grammar import GrammarError, json_schema_spec
+from engine.grammar import JSON_OPTIONS, GrammarError, json_schema_spec
 from engine.grammar_spec import GrammarSpec
 from engine.llm_engine import LLMEngine
 from engine.sampling import RequestError, SamplingParams
@@ -111,3 +111,38 @@ def test_bad_grammars_are_refused_before_any_compute(engine: LLMEngine, spec: Gr
         engine.add_request(PROMPTS[0], SamplingParams(grammar=spec))
     assert isinstance(GrammarError("x"), RequestError)
     assert not engine.has_unfinished()
+
+
+def lazy_spec(trigger: str) -> GrammarSpec:
+    body = json.dumps({"x-guidance": JSON_OPTIONS, **SCHEMA})
+    return GrammarSpec("lark", f"start: {json.dumps(trigger)} body\nbody: %json {body}\n",
+                       trigger=trigger)
+
+
+def test_a_lazy_grammar_leaves_the_output_free_until_its_trigger_then_holds_it(engine: LLMEngine) -> None:
+    """The greedy output's own text up to a trigger that starts inside one token and ends with another; from
+    there on the grammar: the same text up to the trigger, then valid JSON."""
+    [free] = engine.generate(PROMPTS[:1], SamplingParams(max_tokens=12, temperature=0))
+    trigger = free.text[free.text.index("venue") + 2:free.text.index("Invoice") + len("Invoice")]
+    params = SamplingParams(max_tokens=40, temperature=0, grammar=lazy_spec(trigger))
+    [bound] = engine.generate(PROMPTS[:1], params)
+    head, _, rest = bound.text.partition(trigger)
+    assert free.text.startswith(head + trigger) and is_valid(rest) and bound.finish_reason == "stop", bound.text
+    [never] = engine.generate(PROMPTS[:1], SamplingParams(max_tokens=12, temperature=0, grammar=lazy_spec("#@!")))
+    assert never.token_ids == free.token_ids  # no trigger: no constraint at all
+
+
+def test_a_lazy_grammar_rebuilt_from_accepted_tokens_past_its_trigger_constrains(engine: LLMEngine) -> None:
+    """A request continuing elsewhere (a decode worker) past its trigger: its matcher starts at once."""
+    grammars = engine.grammars()
+    accepted = engine.tokenizer.encode('then <x>{"ok": true, "tool": "')
+    waiting = engine.tokenizer.encode("then <y")
+    grammars.add("lazy-past", lazy_spec("<x>"), accepted, 0)
+    grammars.add("lazy-before", lazy_spec("<x>"), waiting, 0)
+    try:
+        assert grammars.constrains("lazy-past") and not grammars.constrains("lazy-before")
+        assert grammars.accept("lazy-before", engine.tokenizer.encode(">")[-1], 0) == []
+        assert not grammars.constrains("lazy-before")  # "<y>" is not the trigger
+    finally:
+        grammars.remove("lazy-past")
+        grammars.remove("lazy-before")

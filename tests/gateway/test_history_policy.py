@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -37,14 +38,14 @@ def client(gateway_url: str) -> Iterator[openai.OpenAI]:
         yield opened
 
 
-@pytest.mark.parametrize("policy", ["age", "query"])
+@pytest.mark.parametrize("policy", ["age", "query", "attention"])
 def test_an_offered_policy_is_served(client: openai.OpenAI, policy: str) -> None:
     assert len(agent_turns(client, f"history-{policy}", policy)) == 3
 
 
 def test_an_unknown_policy_is_refused(client: openai.OpenAI) -> None:
-    with pytest.raises(openai.BadRequestError, match="history policy 'attention' is not offered") as caught:
-        agent_turns(client, "history-unknown", "attention", 1)
+    with pytest.raises(openai.BadRequestError, match="history policy 'newest' is not offered") as caught:
+        agent_turns(client, "history-unknown", "newest", 1)
     assert caught.value.body["param"] == "metadata.history_policy"  # type: ignore[index]
 
 
@@ -54,3 +55,16 @@ def test_a_policy_this_deployment_lacks_is_refused(gateway_process: GatewayProce
         with pytest.raises(openai.BadRequestError, match="offered: age"):
             agent_turns(client, "history-lacking", "query", 1)
         assert len(agent_turns(client, "history-age", "age", 1)) == 1
+
+
+def test_picks_are_counted_by_policy(client: openai.OpenAI, gateway_url: str) -> None:
+    """Each engine-scored policy's picks and the history blocks they held and left attended, on /metrics."""
+    for policy in ("query", "attention"):
+        agent_turns(client, f"history-metrics-{policy}", policy, turns=3)
+    text = httpx.get(f"{gateway_url}/metrics", timeout=30).text
+    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+              if line.startswith("agentserve:history_")}
+    for policy in ("query", "attention"):
+        picks, held, attended = (values[f'agentserve:history_{name}_total{{policy="{policy}"}}']
+                                 for name in ("picks", "blocks_held", "blocks_attended"))
+        assert picks >= 1 and 0 <= attended <= held, values

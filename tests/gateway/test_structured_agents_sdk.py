@@ -4,6 +4,7 @@ HTTP, the Responses WebSocket and chat completions; an agent with a pydantic `ou
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,7 +31,7 @@ from tests.gateway.conftest import running_gateway
 
 pytestmark = pytest.mark.slow
 set_tracing_disabled(True)  # the SDK would export traces to OpenAI
-RUNS = 2
+RUNS = int(os.environ.get("AGENTSERVE_SDK_RUNS", "2"))  # runs per case; the measurement: 20
 executed: list[str] = []
 
 

@@ -17,7 +17,7 @@ from engine.config import EngineSettings
 from engine.grammar_spec import GrammarSpec
 from engine.llm_engine import LLMEngine
 from gateway.settings import GatewaySettings
-from gateway.structured import schema_spec, tool_call_grammar
+from gateway.structured import output_plan, schema_spec, tool_call_grammar
 from gateway.upstream.request import grammar_fields
 from tests.conftest import free_port, openai_client
 from tests.gateway.conftest import running_gateway
@@ -76,6 +76,33 @@ def test_named_function_and_streaming(smollm2_url: str) -> None:
     assert len(calls) == 1 and calls[0].function.name == "read_file"
     arguments = json.loads(calls[0].function.arguments)
     assert set(arguments) == {"path", "lines"} and isinstance(arguments["lines"], int)
+
+
+def test_tool_choice_auto_lets_the_model_answer_in_words(smollm2_url: str) -> None:
+    """`auto` with tools: SmolLM2 answers in words (it does not write `<tool_call>` of its own accord, so the lazy
+    grammar never takes over) and nothing is parsed as a call."""
+    reply = openai_client(smollm2_url).chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "Say hello."}], tools=TOOLS, temperature=0,
+        max_tokens=16)
+    assert reply.choices[0].message.content and not reply.choices[0].message.tool_calls
+
+
+@pytest.mark.parametrize(("output", "held"), [
+    ('Let me look.\n<tool_call>\n{"name": "list_files", "arguments": {"path": "/tmp"}}', True),
+    ('<tool_call>{"name": "read_file", "arguments": {"path": "a", "lines": 3}}</tool_call>', True),
+    ('I would call <tool_call>{"name": "rm", "arguments": {}}', False),
+    ("No call here, only <tool_", False),
+])
+def test_tool_choice_auto_holds_a_started_call_to_the_tools_schemas(output: str, held: bool) -> None:
+    """The output so far as a decode worker rebuilds it: from its `<tool_call>` on, a call of one of the tools
+    holds the grammar (the rest of it is constrained); a call of no tool or no call at all leaves it free."""
+    plan = output_plan(TOOLS, "auto", True, None)
+    assert plan.parse_tools and plan.grammar is not None and plan.grammar.trigger == "<tool_call>"
+    assert output_plan(TOOLS, "auto", True, GrammarSpec("json_object")).grammar == GrammarSpec("json_object")
+    tiny = LLMEngine("tiny", EngineSettings(num_kv_blocks=64))
+    assert tiny.tokenizer is not None
+    tiny.grammars().add("auto", plan.grammar, tiny.tokenizer.encode(output), 0)
+    assert tiny.grammars().constrains("auto") is held
 
 
 def test_tool_choice_none_parses_no_call(smollm2_url: str) -> None:
@@ -190,6 +217,7 @@ def test_an_upstream_is_sent_the_grammar_in_fields_it_reads() -> None:
     assert grammar_fields(GrammarSpec("json_object")) == {"response_format": {"type": "json_object"}}
     calls = tool_call_grammar(TOOLS, many=False)
     assert grammar_fields(calls) == {"structured_outputs": {"grammar": calls.source}}
+    assert grammar_fields(tool_call_grammar(TOOLS, many=False, lazy=True)) == {}  # the upstream parses its own
 
 
 def test_metrics_count_constrained_requests_and_forced_tokens(smollm2_url: str) -> None:

@@ -80,18 +80,19 @@ def test_a_selection_never_skips_what_it_keeps_and_reads_its_budget(budget: floa
 
 def test_a_policy_the_deployment_does_not_offer_is_refused() -> None:
     with pytest.raises(ValueError, match="not offered"):
-        play(1, "attention")
+        play(1, "newest")
 
 
-def test_query_policy_turns_reuse_the_session_kv() -> None:
+@pytest.mark.parametrize("policy", ["query", "attention"])
+def test_query_policy_turns_reuse_the_session_kv(policy: str) -> None:
     """Each turn prefills only its delta: the session's pinned KV, decoded under the engine's picks, is reused."""
     engine = LLMEngine("tiny", EngineSettings(num_kv_blocks=1024, block_size=BLOCK))
     trajectory = Trajectory.start("s", DefaultChatTemplate(), load_tokenizer(None), policies=Policies.load())
     messages = [Message("system", "You are a coding agent."), Message("user", "Fix the failing test.")]
     held = 0
     for turn in range(6):
-        plan = trajectory.add_messages(messages, now=float(turn), history_policy="query")
-        assert plan.selection is not None
+        plan = trajectory.add_messages(messages, now=float(turn), history_policy=policy)
+        assert plan.selection is not None and plan.selection.policy == policy
         result = run(engine, plan)
         assert result.num_cached_tokens == held
         held = len(plan.prompt_token_ids) + len(result.token_ids) - 1

@@ -13,7 +13,7 @@ from agents_eval.workloads.types import APPEND, Workload
 from engine.loader import resolve_model
 from engine.tokenizer import Tokenizer, load_tokenizer
 
-WORKLOADS = ("mooncake", "webarena", "swe")
+WORKLOADS = ("mooncake", "webarena", "swe", "coding-agent")
 WARM_UP_SYSTEM = "You are the warm-up agent of a benchmark; your sessions are never measured."
 
 
@@ -32,9 +32,9 @@ def builder(name: str) -> ModuleType:
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
     try:
-        return importlib.import_module(f"agents_eval.workloads.{name}")
+        return importlib.import_module(f"agents_eval.workloads.{name.replace('-', '_')}")
     except ModuleNotFoundError as error:
-        if error.name != f"agents_eval.workloads.{name}":
+        if error.name != f"agents_eval.workloads.{name.replace('-', '_')}":
             raise
         raise ValueError(f"workload {name!r} is not available (agents_eval/workloads/{name}.py)") from None
 
