@@ -93,7 +93,7 @@ class ModelConfig:
     @classmethod
     def from_yaml(cls, path: Path) -> ModelConfig:
         d = yaml.safe_load(path.read_text())
-        d.pop("sampling", None)  # the model's sampling defaults (engine/sampling_defaults.py)
+        d.pop("sampling", None)  # the model's sampling defaults (engine/core/sampling/defaults.py)
         d["eos_token_ids"] = tuple(d.get("eos_token_ids", ()))
         return cls(**d)
 
@@ -147,11 +147,12 @@ class EngineSettings(YamlSettings):
     dtype: str = "float32"
     device: str = "cpu"
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
-    step_trace_dir: str | None = None  # each step's time and batch, a JSON line each (engine/step_trace.py)
+    step_trace_dir: str | None = None  # each step's time and batch, a JSON line each (engine/core/step_trace.py)
     # A GGUF model's quantized matrices: dequantized at load (exact), kept quantized (CPU int4/int8 kernels), or
     # auto: kept quantized on the CPU, where they step faster (scripts/weights_mode_steps.py), dequantized elsewhere
     gguf_weights: Literal["auto", "dequantize", "quantized"] = "auto"
-    # Queue order: fcfs (arrival order) or slo (VIP, TTFT deadline and session fairness; see engine/batcher.py)
+    # Queue order: fcfs (arrival order) or slo (VIP, TTFT deadline and session fairness;
+    # see engine/core/queue_policy.py)
     queue_policy: Literal["fcfs", "slo"] = "fcfs"
     # A streamed reply's outputs: its first token, then every stream_interval tokens, then its end (vLLM's and
     # SGLang's --stream-interval); 1 streams each token. Fewer outputs cost workers, gateway and clients less.

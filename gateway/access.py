@@ -12,7 +12,7 @@ from fastapi import Request
 from gateway.auth import AuthError, Principal
 from gateway.errors import APIError
 from gateway.ratelimit import retry_after_header
-from gateway.state import GatewayState
+from gateway.server.state import GatewayState
 
 
 def _refused(gw: GatewayState, error: AuthError) -> APIError:

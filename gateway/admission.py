@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from engine.capacity.signals import AdmittedWork
+from engine import AdmittedWork
 
 Reason = Literal["admitted", "ttft_slo", "tpot_slo"]
 HEADROOM = 0.5  # share of each SLO the estimates may fill

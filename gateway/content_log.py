@@ -9,7 +9,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from trajectory.template_types import Message
+from trajectory.template.types import Message
 
 log = logging.getLogger("agentserve.content")
 FRAME_LOGGERS = ("uvicorn.error", "websockets.server")

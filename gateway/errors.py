@@ -12,10 +12,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.async_engine import EngineDeadError
-from engine.sampling import RequestError
-from gateway.openapi import declare_errors
-from trajectory.template_types import ChatTemplateError
+from engine import EngineDeadError, RequestError
+from gateway.api.openapi import declare_errors
+from trajectory.template.types import ChatTemplateError
 
 
 class ClientGone(Exception):
@@ -71,7 +70,7 @@ def validation_error(errors: Sequence[Any], code: str | None = None) -> APIError
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Every error in OpenAI's shape, each status declared in the OpenAPI document (gateway/openapi.py)."""
+    """Every error in OpenAI's shape, each status declared in the OpenAPI document (gateway/api/openapi.py)."""
     declare_errors(app)
 
     @app.exception_handler(APIError)

@@ -15,14 +15,13 @@ from collections import OrderedDict
 from dataclasses import replace
 from pathlib import Path
 
-from engine.async_engine import AsyncLLMEngine
-from engine.stats import AgentSignals
+from engine import AgentSignals, AsyncLLMEngine
 from gateway.admission import AdmissionController
 from predictor.forecast import LoadForecaster
 from predictor.recording import SessionRecorder
 from predictor.records import TurnRecord
-from trajectory.phase import PhaseConfig, PhaseEstimate, PhaseShiftEvent
-from trajectory.phase_monitor import PhaseMixMonitor
+from trajectory.phase.classifier import PhaseConfig, PhaseEstimate, PhaseShiftEvent
+from trajectory.phase.monitor import PhaseMixMonitor
 
 log = logging.getLogger(__name__)
 SHIFT_PHASE = {"to_think": "think", "to_act": "act"}

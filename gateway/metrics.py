@@ -13,7 +13,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
 
-from engine.stats import EngineStats, WorkerReport
+from engine import EngineStats, WorkerReport
 from gateway.metrics_grammar import GrammarMetrics
 
 PREFIX = "agentserve:"

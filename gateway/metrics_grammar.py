@@ -1,4 +1,5 @@
-"""Structured-output metrics from the engine's cumulative grammar counters (`engine.grammar_spec.GrammarCounters`),
+"""Structured-output metrics from the engine's cumulative grammar counters
+(`engine.core.sampling.grammar_spec.GrammarCounters`),
 turned into Prometheus counter increments per source like the other engine totals. Mask time per step is
 `grammar_mask_seconds_total` over `grammar_mask_steps_total`; the compile cache's hit rate is
 `grammar_compile_cache_hits_total` over `grammar_compile_cache_queries_total`.
@@ -12,8 +13,7 @@ from dataclasses import dataclass, field, fields
 
 from prometheus_client import CollectorRegistry, Counter
 
-from engine.grammar_spec import GrammarCounters
-from engine.mask import HistoryCounters
+from engine import GrammarCounters, HistoryCounters
 
 PREFIX = "agentserve:"
 DOCS = {

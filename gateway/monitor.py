@@ -242,3 +242,7 @@ def _poll(url: str, metric: str, interval_s: float, scrape: Scrape, show: Callab
         now = time.monotonic()
         show(render(current, metric, scrape, now - scraped_at))
         scrape, scraped_at = current, now
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    add_arguments(sub.add_parser("monitor", help="live view of a metric, the role split and alerts"))

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from engine.config import YamlSettings
+from engine import YamlSettings
 from gateway.upstream.settings import UpstreamPoolSettings, UpstreamSpec, parse_upstreams
 
 

@@ -19,7 +19,7 @@ from predictor.recording import read_recording
 from predictor.records import PredictorInputError, TurnRecord, phase_of
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_TRACE = REPO_ROOT / "agents_eval" / "traces" / "mooncake_conversation_trace.jsonl"  # see its README.md
+DEFAULT_TRACE = Path(__file__).resolve().parent / "data" / "mooncake_conversation_trace.jsonl"  # see its README.md
 TRACE_BLOCK_TOKENS = 512
 MIN_SHARED_BLOCKS = 2
 ROOT = 0

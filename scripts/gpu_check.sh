@@ -28,13 +28,13 @@ gpu=(env AGENTSERVE_ENGINE_DEVICE=cuda "AGENTSERVE_ENGINE_DTYPE=$DTYPE")
 
 phase_command() {  # the phase's command, into the array `cmd`
     case $1 in
-    gateway) cmd=("$PY" -m gateway.cli bench gateway --out "$2" --threads 1) ;;
-    profile) cmd=("${gpu[@]}" "$PY" -m gateway.cli profile --model "$MODEL" --out "$2/calibration.json") ;;
-    validate) cmd=("${gpu[@]}" "$PY" -m gateway.cli simulate --validate --out "$2"
+    gateway) cmd=("$PY" -m agentserve bench gateway --out "$2" --threads 1) ;;
+    profile) cmd=("${gpu[@]}" "$PY" -m agentserve profile --model "$MODEL" --out "$2/calibration.json") ;;
+    validate) cmd=("${gpu[@]}" "$PY" -m agentserve simulate --validate --out "$2"
                    --calibration "$out/profile/calibration.json" ${VALIDATE_ARGS:---repeats 1 --duration 40}) ;;
-    tests) cmd=("$PY" -m pytest -q -p no:cacheprovider tests/engine/test_cuda.py) ;;
+    tests) cmd=("$PY" -m pytest -q -p no:cacheprovider tests/engine/model/test_cuda.py) ;;
     steps) cmd=("$PY" scripts/gpu_steps.py "$2/steps.json" --model "$MODEL" --dtype "$DTYPE") ;;
-    bench) cmd=("$PY" -m gateway.cli bench --workload "${WORKLOAD:-swe}" --model "$MODEL"
+    bench) cmd=("$PY" -m agentserve bench --workload "${WORKLOAD:-swe}" --model "$MODEL"
                 --env AGENTSERVE_ENGINE_DEVICE=cuda --env "AGENTSERVE_ENGINE_DTYPE=$DTYPE" --out "$2"
                 ${BENCH_ARGS:---max-probes 4 --probe-duration 10}) ;;
     *) echo "unknown phase $1" >&2; return 2 ;;

@@ -1,6 +1,7 @@
 """Decode step times on a GPU against the attention paths: decode spans attended one by one or together
-(`engine.attention.DecodeBatch`), with cuDNN attention off (the engine's choice on CUDA) or on. Each row is 32 decode
-steps of `batch` streams at a context of `context` tokens: the time of a 33-token reply less that of a 1-token one.
+(`engine.model.attention.DecodeBatch`), with cuDNN attention off (the engine's choice on CUDA) or on. Each row is
+32 decode steps of `batch` streams at a context of `context` tokens: the time of a 33-token reply less that of a
+1-token one.
 
     python scripts/gpu_steps.py OUT.json [--model small] [--dtype bfloat16] [--device cuda]
 """
@@ -18,8 +19,8 @@ from rich.console import Console
 from rich.table import Table
 
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from engine.sampling import SamplingParams
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling.sampler import SamplingParams
 
 CONTEXTS, BATCHES, DECODE_STEPS = (128, 1024, 3072), (1, 8, 32, 64), 32
 KV_CACHE_BYTES = 8 << 30  # the longest row's streams at once: 64 x 3,105 tokens of `small` in bfloat16 is 1.6 GB

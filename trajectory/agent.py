@@ -13,18 +13,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from engine.mask import MaskedSpan, QuerySelection
-from engine.sequence import SessionRef
-from engine.tokenizer import Tokenizer
+from engine import MaskedSpan, QuerySelection, SessionRef, Tokenizer
 from trajectory import step_timer
 from trajectory.masks import query_selection, update_masks
 from trajectory.observations import ObservationUsers, is_observation
-from trajectory.phase import PhaseConfig, PhaseEstimate, TurnFeatures, classify_turn
-from trajectory.pruning import OBSERVATION_ROLE, PruneResult, PruningConfig, prune
+from trajectory.phase.classifier import PhaseConfig, PhaseEstimate, TurnFeatures, classify_turn
+from trajectory.pruning.prune import OBSERVATION_ROLE, PruneResult, PruningConfig, prune
 from trajectory.session import SessionState, TurnRecord
 from trajectory.settings import TrajectorySettings
-from trajectory.template_incremental import IncrementalRenderer
-from trajectory.template_types import ChatTemplate, Message, ToolSchemas
+from trajectory.template.incremental import IncrementalRenderer
+from trajectory.template.types import ChatTemplate, Message, ToolSchemas
 from trajectory.ttl import observe_turn_arrival, pin_ttl
 
 

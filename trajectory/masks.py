@@ -6,12 +6,12 @@ Rules only accumulate (a span once masked stays masked for later positions), so 
 earlier rules stays valid and a cold run with the same rules computes the same KV.
 
 `query` and `attention`: no mask from here; the engine picks the history blocks each decode step reads by what
-its queries ask or looked at (`engine.mask.QuerySelection`), and this module names what it must never skip.
+its queries ask or looked at (`engine.model.mask.QuerySelection`), and this module names what it must never skip.
 """
 
 from __future__ import annotations
 
-from engine.mask import MaskedSpan, QuerySelection, ScoredPolicy
+from engine import MaskedSpan, QuerySelection, ScoredPolicy
 from trajectory.session import SessionState
 from trajectory.settings import HistorySettings, MaskSettings
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Literal, cast, get_args
 
-from trajectory.template_types import Message
+from trajectory.template.types import Message
 
 ObservationUsers = Literal["after_assistant", "never"]
 OBSERVATION_USERS: tuple[str, ...] = get_args(ObservationUsers)

@@ -12,10 +12,10 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.mask import MaskedSpan
+from engine import MaskedSpan
 from trajectory.json_codec import dumps, loads
-from trajectory.template_incremental import RenderedTurn
-from trajectory.template_types import Message
+from trajectory.template.incremental import RenderedTurn
+from trajectory.template.types import Message
 
 FORMAT_VERSION = 1
 COMPRESSION = (6, zlib.DEFLATED, 12, 5)  # level, method, window bits, memory level: a 40 KB compressor

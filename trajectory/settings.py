@@ -8,7 +8,7 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from engine.config import YamlSettings
+from engine import YamlSettings
 
 
 class TTLSettings(BaseModel):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.tokenizer import Tokenizer
+from engine import Tokenizer
 
 MAX_CHARS = 64  # longer texts (messages) go straight to the tokenizer
 MAX_ENTRIES = 4096  # short texts remembered; once full, new ones are encoded each time

@@ -31,7 +31,7 @@ from agents_eval.sim.experiments import rate_at_slo
 from agents_eval.sim.run import Summary, Window, simulate
 from agents_eval.sim.validate import engine_knobs
 from agents_eval.sim.workload import draw_sessions
-from engine.slo import SloClass
+from engine.core.slo import SloClass
 
 SESSION_TTL_S = 30.0  # the agent's pins over the tool gap
 ALWAYS_REMOTE = {"local_prefill_max_tokens": 0, "local_prefill_max_uncached_share": 0.0}

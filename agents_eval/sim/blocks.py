@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from agents_eval.sim.tokens import TokenView
-from engine.block_manager import BlockKeys, ExtraKeys, KVCacheManager, hash_block_tokens
+from engine.kv_cache.manager import BlockKeys, ExtraKeys, KVCacheManager, hash_block_tokens
 
 
 class BlockHashes:

@@ -1,4 +1,4 @@
-"""`agentserve simulate` and `agentserve profile` (registered by gateway/cli.py). Heavy imports wait for the
+"""`agentserve simulate` and `agentserve profile` (registered by agentserve/cli.py). Heavy imports wait for the
 command to run."""
 
 from __future__ import annotations

@@ -16,10 +16,10 @@ from agents_eval.sim.records import RunLog
 from agents_eval.sim.specs import DeviceSpec, ModelShape
 from agents_eval.sim.tokens import TokenIds
 from agents_eval.sim.worker import Gpus, Host, SimWorker
-from engine.batcher import make_queue_policy
 from engine.capacity.signals import DECODE, PREFILL
-from engine.scheduler import Scheduler
-from engine.slo import load_slo_config
+from engine.core.queue_policy import make_queue_policy
+from engine.core.scheduler import Scheduler
+from engine.core.slo import load_slo_config
 
 
 @dataclass

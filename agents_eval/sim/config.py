@@ -9,7 +9,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.config import CONFIGS_DIR
-from engine.slo import SloClass
+from engine.core.slo import SloClass
 
 SIM_CONFIG = CONFIGS_DIR / "sim.yaml"
 Role = Literal["prefill", "decode", "colocated"]
@@ -52,7 +52,7 @@ class Transport(Strict):
 
 class ClusterConfig(Strict):
     name: str
-    model: str  # configs/models/<model>.yaml or any name engine.loader resolves
+    model: str  # configs/models/<model>.yaml or any name engine.model.loader resolves
     dtype: str = "bfloat16"
     pools: tuple[Pool, ...]
     engine: EngineKnobs = EngineKnobs()

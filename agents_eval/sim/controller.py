@@ -14,7 +14,7 @@ from agents_eval.sim.gateway import Gateway
 from agents_eval.sim.records import RoleChange
 from engine.capacity.policy import CapacityPolicy
 from engine.capacity.signals import DECODE, PREFILL, LoadSnapshot, role_figures
-from engine.stats import mean_line
+from engine.core.stats import mean_line
 
 
 def snapshot(gateway: Gateway) -> LoadSnapshot:

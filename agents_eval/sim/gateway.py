@@ -1,6 +1,7 @@
 """The simulated gateway: plays each agent session's turns, routes each turn with the engine's KV-aware router
 (`engine.capacity.routing.place`, conditional disaggregation included) and carries prefilled KV over the
-links. A session's home (the worker holding its last turn) is tracked as `engine.worker.session_homes` does,
+links. A session's home (the worker holding its last turn) is tracked as
+`engine.workers.coordinator.session_homes` does,
 comparing lengths instead of token lists: a simulated session's history is append-only by construction."""
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from agents_eval.sim.tokens import SimSequence
 from agents_eval.sim.worker import SimWorker
 from agents_eval.sim.workload import SimSession
 from agents_eval.workloads.types import APPEND
-from engine.block_manager import HeldBlocks
 from engine.capacity.routing import Turn, place
 from engine.capacity.settings import CapacitySettings
 from engine.capacity.signals import AdmittedWork, RoutedPrefills, RoutedWork
-from engine.sampling import SamplingParams
-from engine.sequence import SessionRef
+from engine.core.sampling.sampler import SamplingParams
+from engine.core.sequence import SessionRef
+from engine.kv_cache.manager import HeldBlocks
 from predictor.records import TurnRecord
 
 

@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Any
 from agents_eval.sim.calibration import StepSample, fit, kind
 from agents_eval.sim.cost import StepWork
 from agents_eval.sim.real_runs import POLL_S, Step, in_process, through_processes
-from engine.sampling import SamplingParams
+from engine.core.sampling.sampler import SamplingParams
 
 if TYPE_CHECKING:
-    from engine.llm_engine import LLMEngine
-    from engine.scheduler import ScheduledBatch
+    from engine.core.llm_engine import LLMEngine
+    from engine.core.scheduler import ScheduledBatch
 
 PROMPT_LENGTHS = (16, 128, 512, 1024)
 BATCH_SIZES = (1, 2, 4, 8, 16)
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> None:
 
 def profile_engine(model: str, max_tokens: int, seed: int) -> Profile:
     from engine.config import EngineSettings
-    from engine.llm_engine import LLMEngine
+    from engine.core.llm_engine import LLMEngine
 
     # one thread, as each worker of the disaggregated engine has (configs/deployment.yaml threads_per_worker);
     # random prompts share no prefix, so the cache hits only where a turn reuses its history
@@ -182,7 +182,7 @@ def _decode_while(model: str, running: Any, decoding: Any, stop: Any) -> None:
     """The neighbour: one engine (one thread) decoding NEIGHBOUR_STREAMS long replies while `running` is set
     (`decoding` set once they are past their prefill, cleared when it pauses), until `stop`."""
     from engine.config import EngineSettings
-    from engine.llm_engine import LLMEngine
+    from engine.core.llm_engine import LLMEngine
 
     engine, rng = LLMEngine(model, EngineSettings(num_threads=1)), random.Random(1)
     while not stop.is_set():
@@ -207,7 +207,7 @@ def worker_process(model: str, in_process_engine: LLMEngine, rng: random.Random
     in-process engine's step does). Two medians taken a minute apart put the host's drift between them into
     the hop."""
     from engine.config import EngineSettings
-    from engine.worker.coordinator import colocated_engine
+    from engine.workers.coordinator.worker_engine import colocated_engine
 
     engine = colocated_engine(model, EngineSettings(num_threads=1))
     step = through_processes(engine)

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agents_eval.sim.workload import SimSession
-from engine.sampling import SamplingParams
-from engine.sequence import SessionRef
+from engine.core.sampling.sampler import SamplingParams
+from engine.core.sequence import SessionRef
 
 POLL_S = 0.002  # a worker-process engine's step waits at most this for its workers' outputs
 Step = Callable[[float], list[Any]]  # one engine step, waiting for outputs at most the given seconds

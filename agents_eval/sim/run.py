@@ -20,7 +20,7 @@ from agents_eval.sim.records import RunLog
 from agents_eval.sim.workload import SimSession
 from engine.capacity.policy import CapacityPolicy
 from engine.capacity.settings import CapacitySettings
-from engine.slo import load_slo_config
+from engine.core.slo import load_slo_config
 
 
 @dataclass(frozen=True)

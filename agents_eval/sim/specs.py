@@ -68,7 +68,7 @@ class ModelShape:
     @classmethod
     def load(cls, name: str, dtype: str = "bfloat16") -> ModelShape:
         """A built-in model's name (configs/models, GGUF included), a checkpoint directory or a YAML path."""
-        from engine.loader import resolve_model  # imports torch; a YAML path does not need it
+        from engine.model.loader import resolve_model  # imports torch; a YAML path does not need it
 
         config = ModelConfig.from_yaml(Path(name)) if name.endswith(".yaml") else resolve_model(name).config
         return cls.from_config(config, dtype)

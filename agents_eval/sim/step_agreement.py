@@ -1,5 +1,5 @@
 """The real runs' steps against the calibration: every step a validation run's engine processes traced
-(engine/step_trace.py), timed as the simulator times its batch (the calibrated step time, the idle penalty
+(engine/core/step_trace.py), timed as the simulator times its batch (the calibrated step time, the idle penalty
 after the gap before it, the co-run factor when another engine process was mid-step as it began), summed per
 step kind. A ratio away from 1 says the host ran the run at another speed than it ran the profile, or that the
 step model misses something; the run's figures carry that error whatever the simulator's scheduling does.
@@ -13,7 +13,7 @@ from typing import Any
 
 from agents_eval.sim.calibration import CalibratedTimer, Calibration, kind
 from agents_eval.sim.cost import StepWork
-from engine.step_trace import TracedStep
+from engine.core.step_trace import TracedStep
 
 
 def agreement(calibration: Calibration, steps: dict[int, list[TracedStep]], worker_process: bool

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from collections.abc import Sequence as SequenceABC
 from typing import overload
 
-from engine.sequence import Sequence
+from engine.core.sequence import Sequence
 
 
 class TokenView(SequenceABC[int]):

@@ -31,7 +31,7 @@ from agents_eval.sim.specs import DEVICES_DIR
 from agents_eval.sim.step_agreement import agreement, run_speed
 from agents_eval.sim.workload import SimSession, from_workload
 from agents_eval.workloads import swe
-from engine.step_trace import TracedStep, read_steps
+from engine.core.step_trace import TracedStep, read_steps
 
 RATES = (0.1, 0.3)  # swe sessions per second
 # 120 s of arrivals, at most 300 requests: at 60 s and 150, the 0.1 sessions/s run held 77 requests of 6 sessions, and
@@ -48,8 +48,8 @@ WARM_UP_OUTPUT_TOKENS = 8
 def engine_knobs(model: str) -> EngineKnobs:
     """The real engine's scheduler settings (the defaults), and the KV blocks it gives `model`."""
     from engine.config import EngineSettings
-    from engine.loader import resolve_model
-    from engine.requests import num_kv_blocks
+    from engine.core.validation import num_kv_blocks
+    from engine.model.loader import resolve_model
 
     settings = EngineSettings()
     return EngineKnobs(block_size=settings.block_size, max_num_batched_tokens=settings.max_num_batched_tokens,
@@ -97,15 +97,15 @@ def measure(deployment: str, sessions: list[SimSession], model: str) -> RealRun:
 
     with tempfile.TemporaryDirectory(prefix="agentserve-steps-") as trace:
         if deployment == DEPLOYMENTS[0]:
-            from engine.llm_engine import LLMEngine
+            from engine.core.llm_engine import LLMEngine
 
             engine: Any = LLMEngine(model, EngineSettings(num_threads=1, step_trace_dir=trace))
             step = in_process(engine)
         else:
-            from engine.worker.coordinator import DisaggregatedEngine
-            from engine.worker.deployment import DeploymentSettings
+            from engine.workers.coordinator.worker_engine import WorkerEngine
+            from engine.workers.deployment import DeploymentSettings
 
-            engine = DisaggregatedEngine(model, EngineSettings(step_trace_dir=trace),
+            engine = WorkerEngine(model, EngineSettings(step_trace_dir=trace),
                                          DeploymentSettings(prefill=1, decode=1, transport="shm"))
             step = through_processes(engine)
         try:
@@ -123,7 +123,7 @@ def warm_up(engine: Any) -> None:
     session otherwise fall on the first measured turns; the profile the simulator is fitted on is warm. The
     prompts are longer than conditional disaggregation prefills locally, so the transfer path runs too; the
     prefix cache is emptied after them."""
-    from engine.sampling import SamplingParams
+    from engine.core.sampling.sampler import SamplingParams
 
     rng = np.random.default_rng(12345)
     vocab = engine.config.vocab_size

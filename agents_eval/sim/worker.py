@@ -3,7 +3,7 @@ caching, session pins) stepped on simulated time, each step lasting what the ste
 
 A worker in the prefill role stops a request at its first token ("prefilled", as `LLMEngine` does), keeps its
 blocks until the KV has crossed the link, and hands the request to its decode worker; a decode worker takes a
-handed-off request as running when its KV fits (`engine.handoff.accept_handoff`), else recomputes it.
+handed-off request as running when its KV fits (`engine.workers.worker.handoff.accept_handoff`), else recomputes it.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import simpy
 from agents_eval.sim.cost import StepTimer, StepWork
 from agents_eval.sim.records import RequestRecord, RunLog
 from agents_eval.sim.tokens import SimSequence, TokenIds
-from engine.block_manager import HeldBlocks
 from engine.capacity.signals import WorkerLoad
-from engine.scheduler import ScheduledBatch, Scheduler
-from engine.stats import StepTimer as StepRates
+from engine.core.scheduler import ScheduledBatch, Scheduler
+from engine.core.stats import StepTimer as StepRates
+from engine.kv_cache.manager import HeldBlocks
 
 Handoff = Callable[["SimWorker", SimSequence, RequestRecord, HeldBlocks], None]
 

@@ -43,7 +43,7 @@ from agents_eval.workloads.synthetic import (
 )
 from agents_eval.workloads.text import TokenText
 from agents_eval.workloads.types import APPEND, THINK, TOOL_OBSERVATIONS, SessionScript, Turn, Workload
-from engine.tokenizer import Tokenizer
+from engine.model.tokenizer import Tokenizer
 
 CONTEXT = 8192  # the context the sizes are drawn for (SmolLM2's)
 SYSTEM_TOKENS = 800

@@ -1,7 +1,7 @@
 """Fitting sessions into the model's context: every request's prompt plus its reply stays within max_model_len.
 
 A request is the system message, the history its turn keeps, its new messages, each wrapped in the chat
-template's markers, then the generation prompt, then the reply. The default template (trajectory.template)
+template's markers, then the generation prompt, then the reply. The default template (trajectory.template.default)
 costs 13 tokens a user or assistant message and 14 a system message with the built-in tokenizer, and 8 for
 bos plus the generation prompt; we allow 16 a message for a checkpoint template's slightly longer markers.
 Function calling adds the tools block (72 tokens for a synthetic agent's one function) to every prompt and

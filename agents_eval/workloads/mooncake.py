@@ -1,4 +1,4 @@
-"""Trace replay of Mooncake's format (agents_eval/traces/README.md) as multi-turn chat sessions.
+"""Trace replay of Mooncake's format (predictor/data/README.md) as multi-turn chat sessions.
 
 Each request arrives at its `timestamp` (ms) x time_scale. Lengths are `input_length` / `output_length` x
 length_scale. Every `hash_ids` entry names a 512-token block, replayed as (512 x length_scale) single-token
@@ -27,7 +27,7 @@ from agents_eval.workloads.context import ContextFit
 from agents_eval.workloads.synthetic import token_text
 from agents_eval.workloads.text import TokenText, cut_words
 from agents_eval.workloads.types import ACT, APPEND, THINK, SessionScript, Turn, Workload
-from engine.tokenizer import Tokenizer
+from engine.model.tokenizer import Tokenizer
 from predictor.traces import DEFAULT_TRACE, TraceRequest, load_trace, sessions_and_reuse
 
 THINK_INPUT_PER_OUTPUT = 4  # a turn is "think" when its new tokens are at least this many times its output

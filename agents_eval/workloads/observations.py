@@ -18,7 +18,7 @@ from collections.abc import Hashable
 from agents_eval.bench.quality import shell_outputs, web_outputs
 from agents_eval.bench.quality.observations import Generator, Observation
 from agents_eval.workloads.text import NoExactPrefixError, TokenCut
-from engine.tokenizer import Tokenizer
+from engine.model.tokenizer import Tokenizer
 
 CHARS_PER_TOKEN = 5  # more than this text takes a token in the built-in and SmolLM2 tokenizers (3-4)
 SOURCES: dict[str, tuple[Generator, ...]] = {

@@ -23,7 +23,7 @@ from agents_eval.workloads.swing import Swing
 from agents_eval.workloads.synthetic import SyntheticOptions, build_synthetic, scaled_tokens, token_text
 from agents_eval.workloads.text import TokenText
 from agents_eval.workloads.types import APPEND, THINK, TOOL_OBSERVATIONS, Workload
-from engine.tokenizer import Tokenizer
+from engine.model.tokenizer import Tokenizer
 
 SYSTEM_TOKENS = 1536
 TURNS_MEDIAN = 16

@@ -29,7 +29,7 @@ from agents_eval.workloads.observations import ToolOutputs
 from agents_eval.workloads.swing import Swing
 from agents_eval.workloads.text import TokenText
 from agents_eval.workloads.types import TOOL_OBSERVATIONS, USER_OBSERVATIONS, SessionScript, Turn, Workload
-from engine.tokenizer import Tokenizer
+from engine.model.tokenizer import Tokenizer
 
 
 class SessionShape(Protocol):

@@ -11,7 +11,8 @@ from __future__ import annotations
 import random
 from collections.abc import Hashable, Sequence
 
-from engine.tokenizer import Tokenizer, load_tokenizer
+from engine.model.loader import load_tokenizer
+from engine.model.tokenizer import Tokenizer
 
 
 def single_token_words(tokenizer: Tokenizer) -> tuple[str, ...]:

@@ -22,7 +22,7 @@ from agents_eval.workloads.swing import Swing
 from agents_eval.workloads.synthetic import SyntheticOptions, build_synthetic, scaled_tokens, token_text
 from agents_eval.workloads.text import TokenText
 from agents_eval.workloads.types import ACT, LAST_ACTION, THINK, TOOL_OBSERVATIONS, Workload
-from engine.tokenizer import Tokenizer
+from engine.model.tokenizer import Tokenizer
 
 SYSTEM_TOKENS = 1024
 MAX_OBSERVATION_TOKENS = 1920

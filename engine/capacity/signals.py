@@ -9,7 +9,7 @@ from typing import Literal, TypeVar
 
 _Figure = TypeVar("_Figure")
 
-# The same strings as engine.worker.messages.PREFILL/DECODE (that module pulls in torch).
+# The same strings as engine.workers.messages.PREFILL/DECODE (that module pulls in torch).
 PREFILL, DECODE = "prefill", "decode"
 ROLES = (PREFILL, DECODE)
 
@@ -119,7 +119,7 @@ class LoadSnapshot:
 
     `tpot_s` is the mean decode step time of the workers that decode (seconds per output token of one stream,
     at their current batch); `decode_line` their mean fitted decode step time against its streams, (base_s,
-    per_stream_s) (`engine.stats.DecodeLine`); `prefill_tokens_per_s` one worker's measured prefill rate. Each
+    per_stream_s) (`engine.core.stats.DecodeLine`); `prefill_tokens_per_s` one worker's measured prefill rate. Each
     is None until measured; the policy then assumes the settings' rates. `think_share` is the phase monitor's
     think share of the recent mix (0..1) and `shift` the direction of its latest shift event within this
     interval, if any. The forecasts are the predictor's tokens expected within `forecast_horizon_s`. `admitted` is the

@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from engine.config import ModelConfig
-from engine.requests import read_model_config
+from engine.core.validation import read_model_config
 
 SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -203,3 +203,7 @@ def run(args: argparse.Namespace) -> None:
         print(json.dumps(asdict(result)))
     else:
         Console(width=160).print(_table(result, config))
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    add_arguments(sub.add_parser("tune", help="decode concurrency and prefill batch size for a model on a GPU"))

@@ -1,5 +1,5 @@
 """The device pool's blocks: the free ones (an LRU queue, or ordered by an eviction policy when cached) and
-the hash -> cached block table. Pure policy, no torch (used by engine.block_manager.KVCacheManager)."""
+the hash -> cached block table. Pure policy, no torch (used by engine.kv_cache.manager.KVCacheManager)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ class KVCacheBlock:
 
 
 class LowerTiers(Protocol):
-    """The tiers below the pool, as the pool sees them (engine.kv_cache.engine_tiers)."""
+    """The tiers below the pool, as the pool sees them (engine.kv_cache.tiers.engine)."""
 
     def loadable(self, block_hashes: Sequence[int]) -> int: ...  # leading blocks worth loading
     def load(self, block_hash: int, block_id: int) -> bool: ...  # False: missing or corrupt, recompute

@@ -20,8 +20,8 @@ from engine.transport.base import (
 
 TRANSPORT_CLASSES = MappingProxyType({
     "inproc": ("engine.transport.inproc", "InprocTransport"),
-    "shm": ("engine.transport.shm", "ShmTransport"),
-    "tcp": ("engine.transport.tcp", "TcpTransport"),
+    "shm": ("engine.transport.shm.transport", "ShmTransport"),
+    "tcp": ("engine.transport.tcp.transport", "TcpTransport"),
     "rdma": ("engine.transport.rdma", "RdmaTransport"),
 })
 TRANSPORT_NAMES = tuple(TRANSPORT_CLASSES)

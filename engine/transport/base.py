@@ -1,7 +1,7 @@
 """The one interface every KV transport implements, and the settings they share.
 
 A receiver listens first and publishes its address; a sender connects to the address and ships Layer
-Blocks as `engine.kv_wire` frames; `send_many` joins a layer's consecutive blocks into one frame (up to
+Blocks as `engine.kv_cache.wire` frames; `send_many` joins a layer's consecutive blocks into one frame (up to
 `coalesce_bytes`). A receiver checks every frame (magic, version, checksums, shape), counts it in
 `counters`, and raises the `KVWireError` of a rejected one, which the decode side answers by recomputing
 that KV. `recv` returns a block that owns its memory; `recv_borrowed` may hand out a view into the
@@ -9,7 +9,7 @@ transport's own buffer (zero copy), valid until it is released; `recv_into` copi
 into a tensor the caller names for the frame (its KV blocks), checksumming as it copies; `recv_held` hands
 out blocks the caller may keep, many at once, until it releases each.
 
-Sending by reference (shm only, `engine.transport.shm_pull`): a transport that can register memory hands
+Sending by reference (shm only, `engine.transport.shm.pull`): a transport that can register memory hands
 out tensors there (`shared_tensors`); a block viewing them travels as a small descriptor and the receiver
 copies it once, straight from the sender's memory. Such a block's memory must stay untouched until the
 receiver releases it: `send_many`'s `on_released` says when (at once for every other transport, whose send
@@ -28,7 +28,7 @@ from typing import Self, TypeVar
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.kv_wire import (
+from engine.kv_cache.wire import (
     DEFAULT_CHECKSUM,
     ChecksumKind,
     ExpectedShape,

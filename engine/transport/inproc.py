@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine.kv_wire import ExpectedShape, KVBlock, decode, encode
+from engine.kv_cache.wire import ExpectedShape, KVBlock, decode, encode
 from engine.transport.base import (
     Buffer,
     KVReceiver,

@@ -25,8 +25,16 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from engine.kv_wire import ALIGNMENT, ExpectedShape, KVBlock, KVWireError, decode, encode_into, frame_nbytes, padded
-from engine.qos import load_qos_config
+from engine.kv_cache.wire import (
+    ALIGNMENT,
+    ExpectedShape,
+    KVBlock,
+    KVWireError,
+    decode,
+    encode_into,
+    frame_nbytes,
+    padded,
+)
 from engine.transport.base import (
     BorrowedBlock,
     Buffer,
@@ -37,7 +45,8 @@ from engine.transport.base import (
     TransportSettings,
     ZeroCopyReceiver,
 )
-from engine.transport.tcp import format_address, parse_address
+from engine.transport.qos import load_qos_config
+from engine.transport.tcp.transport import format_address, parse_address
 
 SCHEME = "rdma"
 CREDIT = struct.Struct("!I")

@@ -16,11 +16,7 @@ import contextlib
 import time
 from collections.abc import Callable
 
-from engine.capacity.events import JsonValue
-from engine.capacity.settings import CapacitySettings
-from engine.capacity.signals import ROLES, LoadSnapshot, Shift, WorkerLoad
-from engine.stats import EngineStats
-from engine.worker.capacity_loop import CapacityLoop
+from engine import ROLES, CapacityLoop, CapacitySettings, EngineStats, JsonValue, LoadSnapshot, Shift, WorkerLoad
 from gateway.upstream.pool import Replica, UpstreamPool
 
 OnEngineThread = Callable[[Callable[[object], object]], None]  # AsyncLLMEngine.call

@@ -22,14 +22,17 @@ from typing import TypeVar
 
 import httpx
 
-from engine.async_engine import AsyncLLMEngine
-from engine.capacity.settings import CapacitySettings
-from engine.ids import fresh_id
-from engine.mask import MaskedSpan, QuerySelection
-from engine.output import RequestOutput
-from engine.requests import Prompt
-from engine.sampling import SamplingParams
-from engine.sequence import SessionRef
+from engine import (
+    AsyncLLMEngine,
+    CapacitySettings,
+    MaskedSpan,
+    Prompt,
+    QuerySelection,
+    RequestOutput,
+    SamplingParams,
+    SessionRef,
+    fresh_id,
+)
 from gateway.errors import APIError
 from gateway.upstream.capacity import UpstreamCapacity
 from gateway.upstream.client import Delta, UpstreamFailed, stream_deltas

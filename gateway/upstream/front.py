@@ -9,14 +9,21 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from engine.loader import resolve_model
-from engine.mask import MaskedSpan, QuerySelection
-from engine.output import RequestOutput
-from engine.requests import Prompt, RequestValidator, load_tokenizer_or_none
-from engine.sampling import SamplingParams
-from engine.sequence import SessionRef
-from engine.slo import load_slo_config
-from engine.stats import AgentSignals, EngineStats, WorkerReport
+from engine import (
+    AgentSignals,
+    EngineStats,
+    MaskedSpan,
+    Prompt,
+    QuerySelection,
+    RequestOutput,
+    RequestValidator,
+    SamplingParams,
+    SessionRef,
+    WorkerReport,
+    load_slo_config,
+    load_tokenizer_or_none,
+    resolve_model,
+)
 
 if TYPE_CHECKING:
     from gateway.upstream.capacity import UpstreamCapacity

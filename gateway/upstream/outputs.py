@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.output import RequestOutput
+from engine import RequestOutput
 from gateway.upstream.client import Delta
 
 FINISH_REASONS = {"stop": "stop", "length": "length", "tool_calls": "stop", "function_call": "stop"}

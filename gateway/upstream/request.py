@@ -12,12 +12,10 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from engine.grammar_spec import GrammarSpec
-from engine.sampling import SamplingParams
-from engine.tokenizer import Tokenizer
-from gateway.session_store import StoreKey
-from gateway.sessions import SessionManager, SessionTurn
-from trajectory.template_types import Message, ToolSchemas
+from engine import GrammarSpec, SamplingParams, Tokenizer
+from gateway.sessions.manager import SessionManager, SessionTurn
+from gateway.sessions.store import StoreKey
+from trajectory.template.types import Message, ToolSchemas
 
 current_turn: ContextVar[SessionTurn | None] = ContextVar("agentserve_upstream_turn", default=None)
 

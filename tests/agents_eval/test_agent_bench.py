@@ -24,7 +24,7 @@ from agents_eval.bench.agent.report import config_ratios, goal_check
 from agents_eval.bench.agent.run import RunOptions
 from agents_eval.bench.agent.workload import WorkloadOptions, build_workload
 from agents_eval.workloads.types import APPEND, LAST_ACTION, SessionScript, Turn, Workload
-from gateway.cli import EXIT_BAD_INPUT, main
+from agentserve.cli import EXIT_BAD_INPUT, main
 
 SLO = Slo(ttft_s=1.0, tpot_s=0.2)
 PNG = b"\x89PNG"

@@ -20,7 +20,7 @@ from agents_eval.bench.agent.search import SearchResult
 from agents_eval.bench.agent.settings import SearchSettings
 from agents_eval.bench.agent.workload import WorkloadOptions
 from agents_eval.workloads.types import Workload
-from gateway.cli import EXIT_BAD_INPUT, build_parser, main
+from agentserve.cli import EXIT_BAD_INPUT, build_parser, main
 from tests.agents_eval.test_agent_bench_slo import stub_search as slo_stub_search
 
 ABLATION = ("baseline", "caching", "sessions", "pruning", "disaggregated", "routing", "agent")
@@ -85,9 +85,10 @@ def test_replicas_are_the_disaggregated_workers_each_a_colocated_engine() -> Non
 
 
 def test_configs_option_takes_the_named_set_and_rejects_unknown_names(capsys: pytest.CaptureFixture[str]) -> None:
-    args = build_parser().parse_args(["bench", "--workload", "swe", "--configs", "ablation", "--out", "x"])
+    argv = ["bench", "--workload", "swe", "--configs", "ablation", "--out", "x"]
+    args = build_parser(argv).parse_args(argv)
     assert settings_from_args(args).configs == ABLATION
-    default = build_parser().parse_args(["bench", "--workload", "swe", "--out", "x"])
+    default = build_parser(argv[:3] + argv[5:]).parse_args(argv[:3] + argv[5:])
     assert settings_from_args(default).configs == DEFAULT_CONFIGS
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "--workload", "swe", "--configs", "baseline,turbo", "--out", "x"])

@@ -29,8 +29,8 @@ from agents_eval.bench.agent.settings import SearchSettings
 from agents_eval.bench.agent.slo import probe_limits
 from agents_eval.bench.agent.workload import WorkloadOptions
 from agents_eval.workloads.types import APPEND, SessionScript, Turn, Workload
+from agentserve.cli import main
 from engine.config import CONFIGS_DIR
-from gateway.cli import main
 
 KNEE = 3.7
 

@@ -11,10 +11,10 @@ import pytest
 
 from agents_eval.bench.capacity.bench import _rank, goal, moves_per_window, p99, reallocations
 from agents_eval.bench.capacity.swing import RunResult, SwingWorkload, _Live, _record
+from agentserve.cli import main
 from engine.capacity.signals import AdmittedWork
-from engine.output import RequestOutput
+from engine.core.output import RequestOutput
 from gateway.admission import AdmissionController
-from gateway.cli import main
 
 
 def test_reallocations_measure_from_the_first_turn_of_each_shift() -> None:

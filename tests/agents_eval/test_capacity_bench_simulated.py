@@ -14,8 +14,8 @@ from agents_eval.bench.capacity.swing import SwingWorkload
 from agents_eval.sim.calibration import FEATURES, Calibration, features
 from agents_eval.sim.cost import StepWork
 from agents_eval.sim.specs import ModelShape
+from agentserve.cli import main
 from engine.capacity.settings import CapacitySettings
-from gateway.cli import main
 
 WORKLOAD = SwingWorkload(duration_s=30.0, period_s=10.0, rate=4.0)
 

@@ -12,7 +12,7 @@ import pytest
 from agents_eval.bench.disagg.bench import ROLE_SWAPS, Workload, _Streams, prefills_due, run_benchmark
 from agents_eval.report import JSON_NAME, MARKDOWN_NAME
 from engine.config import EngineSettings
-from engine.output import RequestOutput
+from engine.core.output import RequestOutput
 
 WORKLOAD = Workload(decodes=2, decode_prompt=16, decode_tokens=24, prefills=4, prefill_prompt=384,
                     prefill_every_s=0.25)

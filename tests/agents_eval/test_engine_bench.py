@@ -10,8 +10,8 @@ import pytest
 
 from agents_eval.bench.engine.bench import BenchResult, BenchSettings, run_benchmark
 from agents_eval.bench.engine.report import BATCHED_KEY, ENGINE_KEY, SEQUENTIAL_KEY
+from agentserve.cli import EXIT_BAD_INPUT, main
 from engine.config import EngineSettings
-from gateway.cli import EXIT_BAD_INPUT, main
 
 SETTINGS = BenchSettings(model="tiny", num_requests=5, min_input=8, max_input=40, min_output=3, max_output=9,
                          hf_batch_size=2, prefix_prompt_len=64, prefix_repeats=2, num_threads=1)

@@ -16,7 +16,7 @@ from rich.progress import Progress
 from agents_eval.bench.faults.campaign import SCHEDULE, CampaignSettings, campaign
 from agents_eval.bench.faults.deployment import deployed
 from agents_eval.bench.faults.report import write
-from gateway.cli import main
+from agentserve.cli import main
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")]

@@ -12,8 +12,8 @@ import pytest
 from agents_eval.bench.gateway import steps as bench_steps
 from agents_eval.bench.gateway.bench import BenchResult, GatewayBenchSettings, run_benchmark
 from agents_eval.bench.gateway.client import CHAT, WS
+from agentserve.cli import EXIT_BAD_INPUT, main
 from engine.config import EngineSettings
-from gateway.cli import EXIT_BAD_INPUT, main
 from trajectory import step_timer
 
 SETTINGS = GatewayBenchSettings(model="tiny", requests=4, concurrency=(1, 4), rounds=1, turns=3, sessions=1)

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from agents_eval.bench.ipc import msgspec_codec, outputs_message, pickle_codec, submit_message
-from gateway.cli import main
+from agentserve.cli import main
 
 
 def test_both_codecs_rebuild_the_typed_messages() -> None:

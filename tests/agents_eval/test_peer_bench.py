@@ -23,7 +23,7 @@ from agents_eval.bench.peer.settings import (
     PYTHON_INSTALL_HINT,
     PeerSettings,
 )
-from gateway.cli import EXIT_BAD_INPUT, main
+from agentserve.cli import EXIT_BAD_INPUT, main
 
 SETTINGS = PeerSettings(model="tiny", configs=(AGENTSERVE_FP32, AGENTSERVE_BF16), sessions=2, turns=2,
                         observation_tokens=16, output_tokens=3, decode_tokens=4, prefill_tokens=32, repeats=2,

@@ -15,10 +15,10 @@ from agents_eval.bench.quality import QualityBenchSettings, QualityResult, run_b
 from agents_eval.bench.quality.answers import mentions
 from agents_eval.bench.quality.scoring import token_agreement
 from agents_eval.bench.quality.transcripts import Transcript, generate_transcripts
-from engine.loader import builtin_gguf
-from engine.tokenizer import Tokenizer, load_tokenizer
-from gateway.cli import EXIT_BAD_INPUT, main
-from trajectory.pruning import PruningConfig, prune
+from agentserve.cli import EXIT_BAD_INPUT, main
+from engine.model.loader import builtin_gguf, load_tokenizer
+from engine.model.tokenizer import Tokenizer
+from trajectory.pruning.prune import PruningConfig, prune
 from trajectory.settings import TrajectorySettings
 
 VARIANTS = ("full", "pruned", "masked", "pruned+masked", "dropped")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from agents_eval.bench.structured.measure import calls_valid, object_valid
 from agents_eval.bench.structured.tasks import agent_tasks, schema_tasks
-from gateway.cli import main
+from agentserve.cli import main
 
 
 def test_tasks_are_seeded_and_offer_one_to_four_tools() -> None:

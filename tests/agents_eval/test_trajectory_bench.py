@@ -10,8 +10,8 @@ import pytest
 
 from agents_eval.bench.trajectory.bench import BenchResult, TrajectoryBenchSettings, run_benchmark
 from agents_eval.bench.trajectory.observations import KINDS
+from agentserve.cli import EXIT_BAD_INPUT, main
 from engine.config import EngineSettings
-from gateway.cli import EXIT_BAD_INPUT, main
 from predictor.traces import TraceRequest, sessions_and_reuse
 
 SETTINGS = TrajectoryBenchSettings(model="tiny", sessions=2, turns=4, max_requests=20, pruning_samples=3,

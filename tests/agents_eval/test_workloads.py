@@ -17,9 +17,9 @@ from agents_eval.workloads.observations import ToolOutputs
 from agents_eval.workloads.swing import Swing
 from agents_eval.workloads.text import NoExactPrefixError, TokenCut, TokenText, cut_words
 from agents_eval.workloads.types import SessionScript
-from engine.tokenizer import HFTokenizer, Tokenizer
-from trajectory.pruning import OBSERVATION_ROLE, PruningConfig, prune
-from trajectory.template import DefaultChatTemplate, Message
+from engine.model.tokenizer import HFTokenizer, Tokenizer
+from trajectory.pruning.prune import OBSERVATION_ROLE, PruningConfig, prune
+from trajectory.template.default import DefaultChatTemplate, Message
 
 TINY_CONTEXT = 2048
 

@@ -7,8 +7,8 @@ import torch
 from pydantic import ValidationError
 
 from engine.config import EngineSettings
+from engine.core.validation import num_kv_blocks, read_model_config
 from engine.kv_cache.sizing import kv_bytes_per_block
-from engine.requests import num_kv_blocks, read_model_config
 
 
 def test_yaml_then_environment_then_arguments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

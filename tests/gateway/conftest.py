@@ -19,12 +19,12 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from engine.async_engine import ServingEngine
 from engine.config import EngineSettings
-from engine.worker.coordinator import colocated_engine
-from gateway.app import create_app
+from engine.core.async_engine import ServingEngine
+from engine.workers.coordinator.worker_engine import colocated_engine
 from gateway.auth import hash_key
-from gateway.http_server import uvicorn_config
+from gateway.server.app import create_app
+from gateway.server.http import uvicorn_config
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port
 

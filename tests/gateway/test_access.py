@@ -13,12 +13,12 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from gateway.app import create_app
+from engine.core.llm_engine import LLMEngine
 from gateway.auth import hash_key
-from gateway.session_store import session_key
+from gateway.server.app import create_app
+from gateway.server.state import GatewayState
+from gateway.sessions.store import session_key
 from gateway.settings import GatewaySettings, LimitSettings
-from gateway.state import GatewayState
 from tests.conftest import free_port, openai_client
 from tests.gateway.conftest import serving
 
@@ -69,7 +69,7 @@ def test_vip_key_pins_its_session_as_vip(secured: tuple[str, GatewayState]) -> N
     url, gw = secured
     client(url, VIP_KEY).chat.completions.create(model="tiny", messages=MESSAGES,  # type: ignore[arg-type]
                                                  extra_headers={"X-Session-Id": "vip-session"})
-    pin = gw.engine.engine.scheduler.pins.pins[session_key("vip-agent", "vip-session").path]
+    pin = gw.serving_engine.scheduler.pins.pins[session_key("vip-agent", "vip-session").path]
     assert pin.vip
 
 

@@ -11,9 +11,9 @@ import pytest
 
 from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
-from engine.worker.coordinator import DisaggregatedEngine
-from engine.worker.deployment import DeploymentSettings
-from gateway.app import create_app
+from engine.workers.coordinator.worker_engine import WorkerEngine
+from engine.workers.deployment import DeploymentSettings
+from gateway.server.app import create_app
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port
 from tests.gateway.conftest import ADMIN, ADMIN_HEADERS, serving
@@ -29,7 +29,7 @@ def chat(url: str, history: list[dict[str, str]], max_tokens: int) -> dict[str, 
 
 def test_admitted_turns_reach_the_controller_and_leave_it_when_served() -> None:
     settings = GatewaySettings(model="tiny", port=free_port(), api_keys=[ADMIN])
-    engine = DisaggregatedEngine("tiny", EngineSettings(num_kv_blocks=512),
+    engine = WorkerEngine("tiny", EngineSettings(num_kv_blocks=512),
                                  DeploymentSettings(prefill=1, decode=1, kv_timeout_s=5.0), CapacitySettings())
     app = create_app(settings, engine)
     history = [{"role": "system", "content": "You fix bugs."},

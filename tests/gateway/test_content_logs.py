@@ -12,9 +12,9 @@ import httpx
 from websockets.sync.client import connect
 
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from gateway.app import create_app
+from engine.core.llm_engine import LLMEngine
 from gateway.content_log import FRAME_LOGGERS
+from gateway.server.app import create_app
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port
 from tests.gateway.conftest import serving

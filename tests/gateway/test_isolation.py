@@ -21,10 +21,10 @@ from websockets.sync.client import connect
 from websockets.sync.connection import Connection
 
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from gateway.app import create_app
+from engine.core.llm_engine import LLMEngine
 from gateway.auth import hash_key
-from gateway.session_store import session_key
+from gateway.server.app import create_app
+from gateway.sessions.store import session_key
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port, wait_for
 from tests.gateway.conftest import ADMIN, ADMIN_KEY, serving
@@ -46,7 +46,7 @@ class Deployment:
     apps: tuple[FastAPI, FastAPI]
 
     def pins(self, replica: int) -> dict[str, Any]:
-        return dict(self.apps[replica].state.gateway.engine.engine.scheduler.pins.pins)
+        return dict(self.apps[replica].state.gateway.serving_engine.scheduler.pins.pins)
 
 
 def make_app(redis_url: str | None) -> tuple[FastAPI, int]:

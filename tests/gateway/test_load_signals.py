@@ -11,15 +11,15 @@ from types import SimpleNamespace
 
 import httpx
 
-from engine.async_engine import AsyncLLMEngine
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from engine.stats import AgentSignals
+from engine.core.async_engine import AsyncLLMEngine
+from engine.core.llm_engine import LLMEngine
+from engine.core.stats import AgentSignals
 from gateway.admission import AdmissionController
-from gateway.app import create_app
 from gateway.auth import ANONYMOUS
 from gateway.load_signals import PUSH_GATHER_S, LoadSignals
-from gateway.session_store import session_key
+from gateway.server.app import create_app
+from gateway.sessions.store import session_key
 from gateway.settings import GatewaySettings
 from predictor.forecast import LoadForecaster
 from predictor.recording import read_recording

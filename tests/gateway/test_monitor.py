@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from rich.console import Console
 
-from gateway.cli import main
+from agentserve.cli import main
 from gateway.monitor import parse_interval, parse_metrics, render
 from tests.conftest import free_port
 

@@ -15,9 +15,9 @@ import pytest
 from websockets.sync.client import connect
 
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from gateway.app import create_app
+from engine.core.llm_engine import LLMEngine
 from gateway.auth import hash_key
+from gateway.server.app import create_app
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port
 from tests.gateway.conftest import serving

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import EXIT_BAD_INPUT, main
+from agentserve.cli import EXIT_BAD_INPUT, main
 from tests.predictor.conftest import write_jsonl
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import EXIT_BAD_INPUT, main
+from agentserve.cli import EXIT_BAD_INPUT, main
 from predictor.forecast import LoadForecaster
 from predictor.recording import SessionRecorder, TimedTurn, read_timed_turns
 from predictor.records import PredictorInputError, TurnRecord

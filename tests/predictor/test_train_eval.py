@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway.cli import main
+from agentserve.cli import main
 from predictor.evaluate import split_sessions
 from predictor.features import examples
 from predictor.model import load_model, predict

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import main
+from agentserve.cli import main
 from predictor.evaluate import TURN_INDEX_CAP, evaluate, evaluate_traces, split_sessions
 from predictor.model import load_model, predict
 from predictor.recording import SessionRecorder

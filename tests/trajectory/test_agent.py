@@ -8,14 +8,14 @@ import random
 import pytest
 
 from engine.config import EngineSettings
-from engine.llm_engine import Completion, LLMEngine
-from engine.sampling import SamplingParams
-from engine.tokenizer import load_tokenizer
-from gateway.session_store import RedisSessionStore, session_key
+from engine.core.llm_engine import Completion, LLMEngine
+from engine.core.sampling.sampler import SamplingParams
+from engine.model.loader import load_tokenizer
+from gateway.sessions.store import RedisSessionStore, session_key
 from trajectory.agent import Policies, Trajectory, TurnPlan
-from trajectory.phase import Phase
-from trajectory.template import DefaultChatTemplate
-from trajectory.template_types import Message
+from trajectory.phase.classifier import Phase
+from trajectory.template.default import DefaultChatTemplate
+from trajectory.template.types import Message
 
 GREEDY = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
 WORDS = ["file", "error", "line", "ok", "click", "button", "page", "result", "the", "value", "42"]

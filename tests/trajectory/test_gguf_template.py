@@ -7,9 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.tokenizer import Tokenizer, load_tokenizer
-from tests.engine.test_gguf_tokenizer import smollm_path, smollm_reference, transformers_digit_bug, write_gguf
-from trajectory.template import (
+from engine.model.loader import load_tokenizer
+from engine.model.tokenizer import Tokenizer
+from tests.engine.model.test_gguf_tokenizer import smollm_path, smollm_reference, transformers_digit_bug, write_gguf
+from trajectory.template.default import (
     DefaultChatTemplate,
     IncrementalRenderer,
     JinjaChatTemplate,

@@ -7,13 +7,13 @@ import random
 import pytest
 
 from engine.config import EngineSettings
-from engine.llm_engine import Completion, LLMEngine
-from engine.mask import QuerySelection
-from engine.sampling import SamplingParams
-from engine.tokenizer import load_tokenizer
+from engine.core.llm_engine import Completion, LLMEngine
+from engine.core.sampling.sampler import SamplingParams
+from engine.model.loader import load_tokenizer
+from engine.model.mask import QuerySelection
 from trajectory.agent import Policies, Trajectory, TurnPlan
-from trajectory.template import DefaultChatTemplate
-from trajectory.template_types import Message
+from trajectory.template.default import DefaultChatTemplate
+from trajectory.template.types import Message
 
 BLOCK = 16
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)

@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.tokenizer import Tokenizer, load_tokenizer
-from trajectory.template import DefaultChatTemplate, IncrementalRenderer
-from trajectory.template_types import ROLES, Message, ToolSchemas
+from engine.model.loader import load_tokenizer
+from engine.model.tokenizer import Tokenizer
+from trajectory.template.default import DefaultChatTemplate, IncrementalRenderer
+from trajectory.template.types import ROLES, Message, ToolSchemas
 from trajectory.tokenizer_cache import MAX_CHARS, CachingTokenizer
 
 TOOLS = [{"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}}]

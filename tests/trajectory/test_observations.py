@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from engine.tokenizer import load_tokenizer
+from engine.model.loader import load_tokenizer
 from trajectory.agent import Policies, Trajectory
 from trajectory.observations import is_observation, observation_users
-from trajectory.pruning import PruningConfig
+from trajectory.pruning.prune import PruningConfig
 from trajectory.session import SessionState
-from trajectory.template import DefaultChatTemplate
-from trajectory.template_types import Message, Role
+from trajectory.template.default import DefaultChatTemplate
+from trajectory.template.types import Message, Role
 
 NOISY = "\n".join(["[12] link 'Home'     ........"] * 12 + ["[13] button 'Add to cart'"])
 SYSTEM = "You are an agent.     Answer.......... now"

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trajectory.phase import Phase, PhaseConfig, PhaseEstimate, PhaseShiftEvent, TurnFeatures, classify_turn
-from trajectory.phase_monitor import PhaseMixMonitor
+from trajectory.phase.classifier import Phase, PhaseConfig, PhaseEstimate, PhaseShiftEvent, TurnFeatures, classify_turn
+from trajectory.phase.monitor import PhaseMixMonitor
 
 CONFIG = PhaseConfig.load()
 PREFILL_TOKENS_PER_S = 20_000.0

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from engine.tokenizer import load_tokenizer
-from trajectory.pruning import PruneResult, PruningConfig, prune
+from engine.model.loader import load_tokenizer
+from trajectory.pruning.prune import PruneResult, PruningConfig, prune
 
 CONFIG = PruningConfig.load()
 

@@ -5,12 +5,12 @@ import zlib
 
 import pytest
 
-from engine.mask import MaskedSpan
+from engine.model.mask import MaskedSpan
 from trajectory.masks import update_masks
 from trajectory.session import SessionState, ToolGap, TurnRecord
 from trajectory.settings import MaskSettings, TrajectorySettings
-from trajectory.template_incremental import RenderedTurn
-from trajectory.template_types import Message
+from trajectory.template.incremental import RenderedTurn
+from trajectory.template.types import Message
 
 
 def state_with_tool_turns(count: int) -> SessionState:

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.mask import MaskedSpan
+from engine.model.mask import MaskedSpan
 from trajectory.session import SessionState, ToolGap, TurnRecord
-from trajectory.template_incremental import RenderedTurn
-from trajectory.template_types import ROLES, Message
+from trajectory.template.incremental import RenderedTurn
+from trajectory.template.types import ROLES, Message
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TEXT = st.text(max_size=12)

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 from tokenizers import decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from engine.tokenizer import HFTokenizer, Tokenizer, load_tokenizer
-from trajectory.template import (
+from engine.model.loader import load_tokenizer
+from engine.model.tokenizer import HFTokenizer, Tokenizer
+from trajectory.template.default import (
     ROLES,
     ChatTemplate,
     ChatTemplateError,

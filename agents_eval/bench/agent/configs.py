@@ -14,7 +14,7 @@ cores), it is the stronger baseline.
 
 `disaggregated` is DistServe, with prefix caching and the stateless client: it differs from `caching` by the
 disaggregation alone. KV-aware routing sends a session's turn to the worker holding its KV (session homes,
-engine/worker/session_homes.py): without a session there is nothing to route by, so `routing` also turns on
+engine/workers/coordinator/session_homes.py): without a session there is nothing to route by, so `routing` also turns on
 the session client and pruning and masks, whose share on their own the colocated steps measure.
 """
 

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 from pydantic_settings import SettingsConfigDict
 
 from engine.config import EngineSettings, YamlSettings
-from engine.worker.deployment import DeploymentSettings
+from engine.workers.deployment import DeploymentSettings
 
 SECONDS_PER_HOUR = 3600.0
 COLOCATED = "colocated"

@@ -1,4 +1,4 @@
-"""The gateways `agentserve bench --workload` compares, one process each: `python -m gateway.cli serve` on a
+"""The gateways `agentserve bench --workload` compares, one process each: `python -m agentserve serve` on a
 free loopback port with the configuration's environment, ready when `GET /ready` answers 200, stopped with
 SIGTERM (the gateway drains, then exits). Also what the benchmark reads from a running gateway: its model
 name, its /metrics counters, and its prefill/decode split (`GET /admin/capacity`, or the
@@ -28,7 +28,7 @@ import httpx
 from agents_eval.bench.agent.metrics import parse_metrics
 
 if TYPE_CHECKING:
-    from engine.worker.deployment import DeploymentSettings
+    from engine.workers.deployment import DeploymentSettings
 
 READY_TIMEOUT_S = 300.0  # disaggregated workers load the model in their own processes
 STOP_TIMEOUT_S = 60.0
@@ -57,7 +57,7 @@ def deployment_workers(user_env: Mapping[str, str]) -> int:
 
 def _deployment(user_env: Mapping[str, str]) -> DeploymentSettings:
     """configs/deployment.yaml with the user's overrides of the split and the threads."""
-    from engine.worker.deployment import DeploymentSettings
+    from engine.workers.deployment import DeploymentSettings
 
     keys = {"prefill", "decode", "threads_per_worker"}
     prefix = "AGENTSERVE_DEPLOYMENT_"
@@ -88,7 +88,7 @@ class GatewayProcess:
 def running_gateway(model: str, env: dict[str, str], log_path: Path) -> Iterator[GatewayProcess]:
     """A gateway process until the block exits; its output goes to `log_path`."""
     port = free_port()
-    command = [sys.executable, "-m", "gateway.cli", "serve", "--model", model, "--host", "127.0.0.1",
+    command = [sys.executable, "-m", "agentserve", "serve", "--model", model, "--host", "127.0.0.1",
                "--port", str(port)]
     with running_process(command, port, env, log_path, "/ready", "the gateway", hidden_env=admin_key_env()) as gateway:
         yield gateway

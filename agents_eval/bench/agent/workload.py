@@ -10,8 +10,8 @@ from types import ModuleType
 from typing import Any
 
 from agents_eval.workloads.types import APPEND, Workload
-from engine.loader import resolve_model
-from engine.tokenizer import Tokenizer, load_tokenizer
+from engine.model.loader import load_tokenizer, resolve_model
+from engine.model.tokenizer import Tokenizer
 
 WORKLOADS = ("mooncake", "webarena", "swe", "coding-agent")
 WARM_UP_SYSTEM = "You are the warm-up agent of a benchmark; your sessions are never measured."

@@ -22,11 +22,11 @@ from agents_eval.bench.batcher import report as batcher_report
 from agents_eval.bench.batcher.drive import Driver
 from agents_eval.bench.batcher.workload import SLO_CLASSES, BatcherBenchSettings, Workload, build_workload
 from agents_eval.report import machine_info
-from engine.batcher import PolicyName
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from engine.sampling import SamplingParams
-from engine.slo import SloConfig, load_slo_config
+from engine.core.llm_engine import LLMEngine
+from engine.core.queue_policy import PolicyName
+from engine.core.sampling.sampler import SamplingParams
+from engine.core.slo import SloConfig, load_slo_config
 
 __all__ = ["BatcherBenchSettings", "add_arguments", "run", "run_benchmark"]
 

@@ -9,10 +9,10 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from agents_eval.bench.batcher.workload import CHAT, SLO_CLASSES, VIP_AGENT, AgentSession, Workload
-from engine.llm_engine import LLMEngine
-from engine.output import RequestOutput
-from engine.sampling import SamplingParams
-from engine.sequence import SessionRef
+from engine.core.llm_engine import LLMEngine
+from engine.core.output import RequestOutput
+from engine.core.sampling.sampler import SamplingParams
+from engine.core.sequence import SessionRef
 
 PIN_TTL_S = 600.0  # longer than the run: every tool gap ends with the pin still there
 MAX_STEPS = 200_000

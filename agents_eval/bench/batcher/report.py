@@ -12,7 +12,7 @@ import numpy as np
 from agents_eval.bench.batcher.drive import RequestTiming
 from agents_eval.bench.batcher.workload import AGENT, KINDS
 from agents_eval.report import BarChart, ReportFiles, Table, write_report
-from engine.slo import SloClass
+from engine.core.slo import SloClass
 
 ALL = "all"
 POLICIES = ("fcfs", "slo")  # in the order they run

@@ -17,15 +17,15 @@ from typing import Any
 
 from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
-from engine.output import RequestOutput
-from engine.sampling import SamplingParams
-from engine.stats import AgentSignals
-from engine.worker.coordinator import DisaggregatedEngine
-from engine.worker.deployment import DeploymentSettings
+from engine.core.output import RequestOutput
+from engine.core.sampling.sampler import SamplingParams
+from engine.core.stats import AgentSignals
+from engine.workers.coordinator.worker_engine import WorkerEngine
+from engine.workers.deployment import DeploymentSettings
 from gateway.admission import AdmissionController
 from gateway.load_signals import SHIFT_PHASE
-from trajectory.phase import PhaseConfig, PhaseShiftEvent, TurnFeatures, classify_turn
-from trajectory.phase_monitor import PhaseMixMonitor
+from trajectory.phase.classifier import PhaseConfig, PhaseShiftEvent, TurnFeatures, classify_turn
+from trajectory.phase.monitor import PhaseMixMonitor
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ class _GatewaySignals:
     """What the gateway tells the engine: the admitted work at every change of the ledger, shift events at
     once, and the mix with the latest shift every interval."""
 
-    def __init__(self, engine: DisaggregatedEngine, result: RunResult, start: float) -> None:
+    def __init__(self, engine: WorkerEngine, result: RunResult, start: float) -> None:
         self.engine, self.result, self.start = engine, result, start
         self.monitor = PhaseMixMonitor(PhaseConfig.load())
         self.admission = AdmissionController(ttft_slo_s=3600.0, initial_prefill_tokens_per_s=1.0)  # never refuses
@@ -103,7 +103,7 @@ class _GatewaySignals:
 
 def run_swing(model: str, workload: SwingWorkload, split: tuple[int, int], capacity: CapacitySettings,
               progress: Callable[[int], None] = lambda n: None) -> RunResult:
-    engine = DisaggregatedEngine(model, EngineSettings(), DeploymentSettings(prefill=split[0], decode=split[1]),
+    engine = WorkerEngine(model, EngineSettings(), DeploymentSettings(prefill=split[0], decode=split[1]),
                                  capacity)
     try:
         return _drive(engine, workload, progress)
@@ -111,7 +111,7 @@ def run_swing(model: str, workload: SwingWorkload, split: tuple[int, int], capac
         engine.shutdown()
 
 
-def _drive(engine: DisaggregatedEngine, workload: SwingWorkload, progress: Callable[[int], None]) -> RunResult:
+def _drive(engine: WorkerEngine, workload: SwingWorkload, progress: Callable[[int], None]) -> RunResult:
     result, live = RunResult(), {}
     capacity = engine.capacity
     assert capacity is not None, "a swing runs with the capacity controller"
@@ -147,7 +147,7 @@ class _Submitter:
         self.workload, self.config, self.rng = workload, PhaseConfig.load(), random.Random(workload.seed + 1)
         self.recent = [workload.act_output] * 3
 
-    def __call__(self, engine: DisaggregatedEngine, signals: _GatewaySignals, request_id: str, phase: str) -> None:
+    def __call__(self, engine: WorkerEngine, signals: _GatewaySignals, request_id: str, phase: str) -> None:
         workload = self.workload
         prompt_len, output = workload.sizes(phase)
         features = TurnFeatures(prompt_len, tuple(self.recent), new_roles=("tool",))

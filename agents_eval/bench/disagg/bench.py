@@ -24,11 +24,11 @@ from agents_eval.bench.disagg.switch import BusyLoad, BusyShape, measure_switche
 from agents_eval.report import BarChart, Table, check_settings, machine_info, write_report
 from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from engine.output import RequestOutput
-from engine.sampling import SamplingParams
-from engine.worker.coordinator import DisaggregatedEngine
-from engine.worker.deployment import DeploymentSettings
+from engine.core.llm_engine import LLMEngine
+from engine.core.output import RequestOutput
+from engine.core.sampling.sampler import SamplingParams
+from engine.workers.coordinator.worker_engine import WorkerEngine
+from engine.workers.deployment import DeploymentSettings
 
 # The interference measurement wants every request to cross the wire on a fixed split.
 FIXED_SPLIT_ALWAYS_REMOTE = CapacitySettings(enabled=False, local_prefill_max_tokens=0,
@@ -172,7 +172,7 @@ def run_benchmark(model: str, workload: Workload, out_dir: Path, transport: str 
     torch.set_num_threads(2)
     colocated = drive(_Colocated(LLMEngine(model, settings)), workload)
     console.print("[bold]disaggregated[/bold]: 1 prefill + 1 decode worker, 1 thread each")
-    engine = DisaggregatedEngine(model, settings, DeploymentSettings(transport=transport, threads_per_worker=1),
+    engine = WorkerEngine(model, settings, DeploymentSettings(transport=transport, threads_per_worker=1),
                                  FIXED_SPLIT_ALWAYS_REMOTE)
     try:
         disaggregated = drive(engine, workload)

@@ -1,5 +1,5 @@
 """Role-switch latency for `agentserve bench disagg`: seconds from `set_role` to the worker applying it
-(clock-offset corrected, `DisaggregatedEngine.role_switches`), on idle workers and on busy ones. A worker
+(clock-offset corrected, `WorkerEngine.role_switches`), on idle workers and on busy ones. A worker
 takes a `SetRole` between two steps, so on a busy worker the latency includes the rest of its current
 step: a decode step, or a prefill chunk."""
 
@@ -10,9 +10,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.sampling import SamplingParams
-from engine.worker import messages as m
-from engine.worker.coordinator import DisaggregatedEngine
+from engine.core.sampling.sampler import SamplingParams
+from engine.workers import messages as m
+from engine.workers.coordinator.worker_engine import WorkerEngine
 
 SWITCH_TIMEOUT_S = 10.0
 BUSY_TIMEOUT_S = 30.0  # to get every worker busy before a swap
@@ -26,7 +26,7 @@ class SwitchLatencies:
     busy_in_flight: list[tuple[int, ...]]  # per busy swap: requests in flight on each worker when it was asked
 
 
-def in_flight(engine: DisaggregatedEngine) -> tuple[int, ...]:
+def in_flight(engine: WorkerEngine) -> tuple[int, ...]:
     """Requests the coordinator has on each worker, counted only for workers whose last load report says
     they are running something (0 otherwise): a worker is busy when its count is above 0."""
     counts = [0] * len(engine.workers)
@@ -36,7 +36,7 @@ def in_flight(engine: DisaggregatedEngine) -> tuple[int, ...]:
     return tuple(count if engine.workers[index].stats.running else 0 for index, count in enumerate(counts))
 
 
-def swap_roles(engine: DisaggregatedEngine, keep_busy: Callable[[], None]) -> list[float]:
+def swap_roles(engine: WorkerEngine, keep_busy: Callable[[], None]) -> list[float]:
     """Ask every worker to take the other role, step until each applied it; their latencies."""
     before = len(engine.role_switches)
     for worker in engine.workers:
@@ -50,7 +50,7 @@ def swap_roles(engine: DisaggregatedEngine, keep_busy: Callable[[], None]) -> li
     return engine.role_switches[before:]
 
 
-def idle_switch_latencies(engine: DisaggregatedEngine, swaps: int) -> list[float]:
+def idle_switch_latencies(engine: WorkerEngine, swaps: int) -> list[float]:
     """Swaps while no worker holds a request."""
     if engine.has_unfinished():
         raise ValueError("idle role switches need an engine with nothing in flight")
@@ -70,7 +70,7 @@ class BusyLoad:
     """Keeps the shape's decode streams and long prefills in flight, wherever the roles put them. Every
     prompt is fresh, so no prefill finds its tokens in a prefix cache."""
 
-    def __init__(self, engine: DisaggregatedEngine, shape: BusyShape) -> None:
+    def __init__(self, engine: WorkerEngine, shape: BusyShape) -> None:
         self.engine, self.shape, self.rng = engine, shape, random.Random(shape.seed)
         self.decode_params = SamplingParams(temperature=0, max_tokens=shape.decode_tokens, ignore_eos=True)
         self.prefill_params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
@@ -88,7 +88,7 @@ class BusyLoad:
             self.prefills.add(self.engine.add_request(prompt, self.prefill_params))
 
 
-def busy_switch_latencies(engine: DisaggregatedEngine, load: BusyLoad, swaps: int
+def busy_switch_latencies(engine: WorkerEngine, load: BusyLoad, swaps: int
                           ) -> tuple[list[float], list[tuple[int, ...]]]:
     """Swaps each asked once every worker is busy; the latencies, and the requests in flight at each ask.
     The load is drained afterwards."""
@@ -102,7 +102,7 @@ def busy_switch_latencies(engine: DisaggregatedEngine, load: BusyLoad, swaps: in
     return latencies, asked_with
 
 
-def _until_busy(engine: DisaggregatedEngine, load: BusyLoad) -> tuple[int, ...]:
+def _until_busy(engine: WorkerEngine, load: BusyLoad) -> tuple[int, ...]:
     deadline = time.monotonic() + BUSY_TIMEOUT_S
     load.top_up()
     while not all(counts := in_flight(engine)):
@@ -113,7 +113,7 @@ def _until_busy(engine: DisaggregatedEngine, load: BusyLoad) -> tuple[int, ...]:
     return counts
 
 
-def measure_switches(engine: DisaggregatedEngine, load: BusyLoad, swaps: int) -> SwitchLatencies:
+def measure_switches(engine: WorkerEngine, load: BusyLoad, swaps: int) -> SwitchLatencies:
     idle = idle_switch_latencies(engine, swaps)
     busy, asked_with = busy_switch_latencies(engine, load, swaps)
     return SwitchLatencies(idle, busy, asked_with)

@@ -32,7 +32,7 @@ from agents_eval.bench.engine.workload import (
 )
 from agents_eval.report import ReportFiles, check_settings, machine_info, write_report
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
+from engine.core.llm_engine import LLMEngine
 
 INT_OPTIONS = ("num_requests", "min_input", "max_input", "min_output", "max_output", "seed", "hf_batch_size")
 

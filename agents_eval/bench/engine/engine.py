@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents_eval.bench.engine.workload import BenchRequest, RunResult, Stopwatch
-from engine.llm_engine import LLMEngine, Prompt
-from engine.sampling import SamplingParams
+from engine.core.llm_engine import LLMEngine, Prompt
+from engine.core.sampling.sampler import SamplingParams
 
 Advance = Callable[[int], None]
 WARMUP_PROMPT_LEN = 32

@@ -9,7 +9,7 @@ from typing import Any
 from agents_eval.bench.engine.engine import PrefixCacheTiming
 from agents_eval.bench.engine.workload import BenchRequest, RunResult
 from agents_eval.report import BarChart, Table
-from engine.llm_engine import LLMEngine
+from engine.core.llm_engine import LLMEngine
 
 GOAL_RATIO = 3.0
 ENGINE_KEY, SEQUENTIAL_KEY, BATCHED_KEY = "engine", "hf_sequential", "hf_batched"

@@ -18,10 +18,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agents_eval.bench.faults.sessions import Session
 from gateway.auth import ANONYMOUS
-from gateway.session_store import REDIS_PREFIX, StoreKey, session_key
-from gateway.sessions import message_digest, tools_digest
+from gateway.sessions.manager import message_digest, tools_digest
+from gateway.sessions.store import REDIS_PREFIX, StoreKey, session_key
 from trajectory.session import SessionState
-from trajectory.template_types import Message
+from trajectory.template.types import Message
 
 SETTLE_TIMEOUT_S = 60.0
 

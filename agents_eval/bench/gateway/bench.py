@@ -28,12 +28,12 @@ from agents_eval.bench.gateway.overhead import measure_overhead
 from agents_eval.bench.gateway.server import RunningGateway, running_gateway
 from agents_eval.bench.gateway.session import Session, make_session, run_sessions, session_tokens
 from agents_eval.report import ReportFiles, check_settings, machine_info, write_report
-from engine.async_engine import ServingEngine
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from engine.worker.coordinator import DisaggregatedEngine, colocated_engine
+from engine.core.async_engine import ServingEngine
+from engine.core.llm_engine import LLMEngine
+from engine.workers.coordinator.worker_engine import WorkerEngine, colocated_engine
 from gateway.settings import GatewaySettings
-from trajectory.template import load_chat_template
+from trajectory.template.default import load_chat_template
 
 WARM_UP_TURNS = 3
 ADMIT_ALL_SLO_S = 1e9
@@ -126,7 +126,7 @@ def run_benchmark(settings: GatewayBenchSettings, out_dir: Path,
     engine_settings = engine_settings or EngineSettings()
     if settings.num_threads:
         engine_settings = engine_settings.model_copy(update={"num_threads": settings.num_threads})
-    engine: LLMEngine | DisaggregatedEngine = (LLMEngine(settings.model, engine_settings) if settings.engine_in_process
+    engine: LLMEngine | WorkerEngine = (LLMEngine(settings.model, engine_settings) if settings.engine_in_process
                                                else colocated_engine(settings.model, engine_settings))
     machine = machine_info()  # before the run, so its load average shows other work, not ours
     try:

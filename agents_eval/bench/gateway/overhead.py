@@ -23,9 +23,9 @@ import numpy as np
 from agents_eval.bench.gateway import steps
 from agents_eval.bench.gateway.client import ClientProcess, closed_loop
 from agents_eval.bench.gateway.server import RunningGateway, reset_prefix_cache
-from engine.mask import MaskedSpan
-from engine.sampling import SamplingParams
-from gateway.protocol import ChatCompletionRequest
+from engine.core.sampling.sampler import SamplingParams
+from engine.model.mask import MaskedSpan
+from gateway.api.protocol import ChatCompletionRequest
 from trajectory.agent import Trajectory
 
 ENGINE, GATEWAY = "engine", "gateway"

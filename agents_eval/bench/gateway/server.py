@@ -1,5 +1,5 @@
 """The gateway under test for `agentserve bench gateway`: uvicorn in a thread of the benchmark process (as
-`agentserve serve` runs it, `gateway.http_server`; no access log), behind an ASGI wrapper that times each
+`agentserve serve` runs it, `gateway.server.http`; no access log), behind an ASGI wrapper that times each
 request inside the server, from the app being called to its last body byte handed to uvicorn (and, while
 `ServerProbe.time_steps` is on, step by step), and that hands out the server's event loop, so the
 engine-only path can run on the very loop the gateway uses."""
@@ -20,14 +20,14 @@ import httpx
 import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.async_engine import AsyncLLMEngine, ServingEngine
+from engine.core.async_engine import AsyncLLMEngine, ServingEngine
+from engine.core.llm_engine import LLMEngine
 from engine.gc_heap import heap_frozen
-from engine.llm_engine import LLMEngine
-from engine.worker.coordinator import DisaggregatedEngine
-from gateway.app import create_app
-from gateway.http_server import uvicorn_config
+from engine.workers.coordinator.worker_engine import WorkerEngine
+from gateway.server.app import create_app
+from gateway.server.http import uvicorn_config
+from gateway.server.state import GatewayState
 from gateway.settings import GatewaySettings
-from gateway.state import GatewayState
 from trajectory import step_timer
 
 BENCH_ID_HEADER = b"x-bench-id"
@@ -147,7 +147,7 @@ def reset_prefix_cache(engine: AsyncLLMEngine, timeout_s: float = 30.0) -> None:
 
     def reset(llm: ServingEngine) -> None:
         try:
-            if not isinstance(llm, LLMEngine | DisaggregatedEngine):
+            if not isinstance(llm, LLMEngine | WorkerEngine):
                 raise TypeError("the gateway benchmark serves an engine of its own, not upstreams")
             done.set_result(llm.reset_prefix_cache())
         except Exception as error:  # handed to the waiting caller; the engine loop must go on

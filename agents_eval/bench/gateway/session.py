@@ -14,8 +14,8 @@ import random
 from dataclasses import dataclass
 
 from agents_eval.bench.gateway.client import CHAT, WS, ClientProcess
-from engine.tokenizer import Tokenizer
-from trajectory.template_types import ChatTemplate, Message
+from engine.model.tokenizer import Tokenizer
+from trajectory.template.types import ChatTemplate, Message
 
 SYSTEM_PROMPT = "You are agent {nonce}, a coding agent. Call one tool per turn and read its output carefully."
 FILES = ("src/app.py", "src/db/models.py", "tests/test_auth.py", "tests/test_api.py", "lib/util.ts", "README.md")

@@ -4,7 +4,7 @@ own time (every step but the engine's).
 
 Admission and the metrics are timed from outside their code: `instrumented` wraps the gateway state's
 admission controller, metrics and load signals, the benchmark's server only, so that their calls from
-`gateway.serving` count as steps of their own instead of as engine time. The probes and wrappers cost time
+`gateway.api.generation` count as steps of their own instead of as engine time. The probes and wrappers cost time
 themselves (about 0.1-0.2 ms a request at concurrency 1), so the steps come from waves of their own, after
 the latency waves, which run without them.
 """
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from agents_eval.report import Table
-from gateway.state import GatewayState
+from gateway.server.state import GatewayState
 from trajectory import step_timer
 
 ENGINE_STEP = "engine"

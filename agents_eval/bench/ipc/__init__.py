@@ -1,5 +1,5 @@
 """`agentserve bench ipc`: the encoding of the messages between the serving process and its engine workers,
-chosen by measurement. The typed message dataclasses (`engine/worker/messages.py`) as they travel today
+chosen by measurement. The typed message dataclasses (`engine/workers/messages.py`) as they travel today
 (pickle, protocol 5) against msgspec's MessagePack (encoded from the same dataclasses, decoded and rebuilt
 into them, since a message must arrive typed). Per message kind and size: bytes on the wire, encode+decode
 time, and a round trip over a real pipe to an echoing process (the pipe's own cost included). Writes
@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from agents_eval.report import BarChart, Table, machine_info, write_report
-from engine.output import RequestOutput
-from engine.sampling import SamplingParams
-from engine.worker import messages as m
+from engine.core.output import RequestOutput
+from engine.core.sampling.sampler import SamplingParams
+from engine.workers import messages as m
 
 Codec = tuple[Callable[[Any], bytes], Callable[[bytes], Any]]
 

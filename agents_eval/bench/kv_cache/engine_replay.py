@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import EngineSettings
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling.sampler import SamplingParams
 from engine.kv_cache.settings import KVCacheSettings
-from engine.llm_engine import LLMEngine
-from engine.sampling import SamplingParams
 from predictor.traces import TraceRequest, sessions_and_reuse
 
 ONE_TOKEN = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)

@@ -24,7 +24,7 @@ from agents_eval.bench.kv_transfer import report as kv_report
 from agents_eval.bench.kv_transfer.measure import Bench, measure
 from agents_eval.bench.kv_transfer.settings import MEMCPY, NAIVE, RATIO_GOALS, RAW, TRANSPORTS, Cache, KVBenchSettings
 from agents_eval.report import ReportFiles, machine_info
-from engine.kv_wire import DEFAULT_CHECKSUM
+from engine.kv_cache.wire import DEFAULT_CHECKSUM
 
 __all__ = ["MEMCPY", "NAIVE", "RATIO_GOALS", "RAW", "Bench", "BenchResult", "Cache", "KVBenchSettings",
            "add_arguments", "run", "run_benchmark"]

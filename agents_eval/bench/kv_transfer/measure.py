@@ -17,7 +17,7 @@ import torch
 
 from agents_eval.bench.kv_transfer.senders import LENGTH, BlockSender, sender_process
 from agents_eval.bench.kv_transfer.settings import MEMCPY, NAIVE, RAW, Cache, KVBenchSettings, make_cache, same_bytes
-from engine.kv_wire import CHECKSUMS, DEFAULT_CHECKSUM, FrameHeader, tensor_bytes
+from engine.kv_cache.wire import CHECKSUMS, DEFAULT_CHECKSUM, FrameHeader, tensor_bytes
 from engine.transport import make_transport, unavailable_reason
 from engine.transport.base import KVReceiver
 

@@ -21,7 +21,7 @@ from agents_eval.bench.kv_transfer.settings import (
     blocks_of,
     make_cache,
 )
-from engine.kv_wire import layer_runs, tensor_bytes
+from engine.kv_cache.wire import layer_runs, tensor_bytes
 from engine.transport import make_transport
 from engine.transport.base import KVSender, Transport
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.kv_wire import KVBlock
+from engine.kv_cache.wire import KVBlock
 from engine.transport.base import TransportSettings
 
 TRANSPORTS = ("inproc", "shm", "tcp", "rdma")

@@ -14,8 +14,8 @@ import time
 
 from agents_eval.bench.peer.settings import AGENTSERVE_QUANTIZED, CONFIG_ENV, PeerSettings, agentserve_env
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from engine.sampling import SamplingParams
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling.sampler import SamplingParams
 
 
 def engine_for(config: str, model: str, threads: int) -> LLMEngine:

@@ -29,7 +29,7 @@ from agents_eval.bench.peer.settings import (
     require_llama_server,
 )
 from engine.config import CONFIGS_DIR
-from engine.gguf.package import PackagedGGUF
+from engine.model.gguf.package import PackagedGGUF
 
 READY_TIMEOUT_S = 300.0
 CACHE_REUSE_TOKENS = 256  # llama-server's --cache-reuse: the smallest chunk reused by shifting the KV

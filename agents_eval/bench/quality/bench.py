@@ -21,11 +21,11 @@ from agents_eval.bench.quality.transcripts import generate_transcripts
 from agents_eval.bench.quality.variants import VARIANTS, VariantPrompt, build_prompt
 from agents_eval.report import check_settings
 from engine.config import EngineSettings
-from engine.llm_engine import Completion, LLMEngine
-from engine.sampling import SamplingParams
-from engine.tokenizer import Tokenizer
+from engine.core.llm_engine import Completion, LLMEngine
+from engine.core.sampling.sampler import SamplingParams
+from engine.model.tokenizer import Tokenizer
 from trajectory.agent import Policies
-from trajectory.template import load_chat_template
+from trajectory.template.default import load_chat_template
 
 PHASES = (("full", "pruned"), ("masked", "pruned+masked", "dropped"))
 Advance = Callable[[int], None]

@@ -18,7 +18,7 @@ from agents_eval.bench.quality.answers import mentions
 from agents_eval.bench.quality.observations import KINDS, Generator, Kind, Observation
 from agents_eval.bench.quality.shell_outputs import LISTINGS, LOGS
 from agents_eval.bench.quality.web_outputs import JSONS, TREES
-from trajectory.template_types import Message
+from trajectory.template.types import Message
 
 Position = Literal["last", "older"]
 POSITIONS: tuple[Position, ...] = ("last", "older")

@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agents_eval.bench.quality.transcripts import Transcript
-from engine.mask import MaskedSpan
-from engine.tokenizer import Tokenizer
+from engine.model.mask import MaskedSpan
+from engine.model.tokenizer import Tokenizer
 from trajectory.agent import Policies, Trajectory
-from trajectory.template_types import ChatTemplate, Message
+from trajectory.template.types import ChatTemplate, Message
 
 VARIANTS = ("full", "pruned", "masked", "pruned+masked", "dropped")
 PLACEHOLDER = "Old environment output: ({lines} lines omitted)"

@@ -21,8 +21,8 @@ from agents_eval.bench.sparse import report as sparse_report
 from agents_eval.bench.sparse.measure import Case, fill_kv, interleaved_medians, make_batch, skipped_blocks, spans_for
 from agents_eval.report import machine_info
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from engine.mask import QuerySelection, spans_skipping_blocks
+from engine.core.llm_engine import LLMEngine
+from engine.model.mask import QuerySelection, spans_skipping_blocks
 
 __all__ = ["SparseBenchSettings", "add_arguments", "run", "run_benchmark"]
 

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.mask import MaskedSpan, QuerySelection, spans_skipping_blocks
-from engine.model_runner import ModelRunner
-from engine.sampling import SamplingParams
-from engine.scheduler import ScheduledBatch
-from engine.sequence import Sequence
+from engine.core.sampling.sampler import SamplingParams
+from engine.core.scheduler import ScheduledBatch
+from engine.core.sequence import Sequence
+from engine.model.mask import MaskedSpan, QuerySelection, spans_skipping_blocks
+from engine.model.runner import ModelRunner
 
 RECENT_TOKENS = 256  # never skipped, as QuerySelection's default keeps them
 PARAMS = SamplingParams(temperature=0, max_tokens=1 << 20, ignore_eos=True)

@@ -21,8 +21,8 @@ from agents_eval.bench.structured.measure import (
 from agents_eval.bench.structured.tasks import agent_tasks, schema_tasks
 from agents_eval.report import check_settings
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from engine.sampling import SamplingParams
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling.sampler import SamplingParams
 
 BATCH = 16
 

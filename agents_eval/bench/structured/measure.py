@@ -1,5 +1,5 @@
 """The structured-outputs benchmark's measurements on one in-process engine, prompts rendered by the model's
-chat template as the gateway renders them, grammars built as the gateway builds them (`gateway.structured`)."""
+chat template as the gateway renders them, grammars built as the gateway builds them (`gateway.api.structured`)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agents_eval.bench.structured.tasks import TOOLS, AgentTask, SchemaTask
-from engine.grammar_spec import GrammarCounters, GrammarSpec
-from engine.llm_engine import Completion, LLMEngine
-from engine.sampling import SamplingParams
-from gateway.structured import schema_spec, tool_call_grammar
-from gateway.tool_calls import parse_tool_calls
-from trajectory.template import load_chat_template
-from trajectory.template_types import Message
+from engine.core.llm_engine import Completion, LLMEngine
+from engine.core.sampling.grammar_spec import GrammarCounters, GrammarSpec
+from engine.core.sampling.sampler import SamplingParams
+from gateway.api.structured import schema_spec, tool_call_grammar
+from gateway.api.tool_calls import parse_tool_calls
+from trajectory.template.default import load_chat_template
+from trajectory.template.types import Message
 
 
 @dataclass

@@ -40,12 +40,12 @@ from agents_eval.bench.trajectory.sessions import (
 )
 from agents_eval.report import ReportFiles, check_settings, machine_info, write_report
 from engine.config import EngineSettings
-from engine.kv_pins import PinStats
-from engine.llm_engine import LLMEngine
-from engine.tokenizer import Tokenizer
+from engine.core.llm_engine import LLMEngine
+from engine.kv_cache.pins import PinStats
+from engine.model.tokenizer import Tokenizer
 from predictor.traces import DEFAULT_TRACE, load_trace
 from trajectory.agent import Policies
-from trajectory.template import load_chat_template
+from trajectory.template.default import load_chat_template
 
 INT_OPTIONS = ("sessions", "turns", "context_tokens", "max_requests", "seed", "concurrency", "pruning_samples",
                "pruning_tokens", "phase_sessions")

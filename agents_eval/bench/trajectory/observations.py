@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from trajectory.pruning import PruningConfig, prune
+from trajectory.pruning.prune import PruningConfig, prune
 
 ObservationKind = Literal["log", "shell", "browser", "json"]
 KINDS: tuple[ObservationKind, ...] = ("log", "shell", "browser", "json")

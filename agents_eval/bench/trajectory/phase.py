@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 from statistics import mean
 from typing import Any
 
-from trajectory.phase import Phase, PhaseConfig, PhaseShiftEvent, TurnFeatures, classify_turn
-from trajectory.phase_monitor import PhaseMixMonitor
+from trajectory.phase.classifier import Phase, PhaseConfig, PhaseShiftEvent, TurnFeatures, classify_turn
+from trajectory.phase.monitor import PhaseMixMonitor
 
 Advance = Callable[[int], None]
 

@@ -16,7 +16,7 @@ from agents_eval.bench.trajectory.phase import PhaseFigures, think_label
 from agents_eval.bench.trajectory.sessions import REPLY_TOKENS, SessionRun
 from agents_eval.bench.trajectory.trace import ReplayCounts, ScaledRequest
 from agents_eval.report import BarChart, Table
-from engine.kv_pins import PinStats
+from engine.kv_cache.pins import PinStats
 
 GOAL_REDUCTION = 10.0
 PER_TURN_CHART = "prefill_per_turn.png"

@@ -15,12 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agents_eval.bench.trajectory.observations import KIND_TOOLS, ObservationKind, observation
-from engine.llm_engine import Completion, LLMEngine
-from engine.mask import MaskedSpan
-from engine.sampling import SamplingParams
-from engine.tokenizer import Tokenizer
+from engine.core.llm_engine import Completion, LLMEngine
+from engine.core.sampling.sampler import SamplingParams
+from engine.model.mask import MaskedSpan
+from engine.model.tokenizer import Tokenizer
 from trajectory.agent import Policies, Trajectory, TurnPlan
-from trajectory.template_types import ChatTemplate, Message
+from trajectory.template.types import ChatTemplate, Message
 
 Advance = Callable[[int], None]
 

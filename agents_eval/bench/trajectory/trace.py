@@ -17,8 +17,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.llm_engine import LLMEngine
-from engine.sampling import SamplingParams
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling.sampler import SamplingParams
 from predictor.traces import TRACE_BLOCK_TOKENS, TraceRequest, sessions_and_reuse
 
 Advance = Callable[[int], None]

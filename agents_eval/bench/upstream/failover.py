@@ -18,7 +18,7 @@ from agents_eval.bench.agent.gateway import free_port, running_gateway
 from agents_eval.bench.upstream.drive import TurnResult, all_sessions
 from agents_eval.bench.upstream.workload import UpstreamBenchSettings
 from gateway.auth import ANONYMOUS
-from gateway.session_store import session_key
+from gateway.sessions.store import session_key
 from gateway.upstream.hashing import BoundedLoadRing
 from gateway.upstream.settings import UpstreamPoolSettings
 

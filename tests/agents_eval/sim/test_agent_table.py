@@ -11,8 +11,8 @@ import pytest
 from agents_eval.sim.agent_table import AgentLoad, agent_clusters, agent_table, bench_load
 from agents_eval.sim.calibration import KINDS, Calibration
 from agents_eval.sim.run import Summary
-from engine.slo import SloClass
-from gateway.cli import main
+from agentserve.cli import main
+from engine.core.slo import SloClass
 
 
 def _calibration(tmp_path: Path, step_s: float = 0.002, per_seq_s: float = 0.0005) -> Path:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from agents_eval.sim.blocks import BlockHashes, Prompt, SimKVCacheManager
 from agents_eval.sim.tokens import TokenView
-from engine.block_manager import KVCacheManager
+from engine.kv_cache.manager import KVCacheManager
 
 
 def _hashes(kv: KVCacheManager, tokens: list[int], keys: object = ()) -> list[int]:

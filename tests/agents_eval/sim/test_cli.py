@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import main
+from agentserve.cli import main
 
 
 def test_simulate_writes_report_and_plot(tmp_path: Path) -> None:

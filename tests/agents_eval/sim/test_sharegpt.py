@@ -17,8 +17,8 @@ from agents_eval.workloads.sharegpt import (
     PROMPT_QUANTILES,
     QUANTILE_LEVELS,
 )
-from engine.slo import SloClass
-from gateway.cli import main
+from agentserve.cli import main
+from engine.core.slo import SloClass
 
 
 def test_lengths_follow_the_stated_statistics() -> None:

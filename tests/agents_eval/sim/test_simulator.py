@@ -15,10 +15,10 @@ from agents_eval.sim.calibration import KINDS, Calibration
 from agents_eval.sim.config import ClusterConfig, EngineKnobs, Pool
 from agents_eval.sim.run import simulate
 from agents_eval.sim.workload import SimSession, SimTurn, draw_sessions
-from engine import batcher
-from engine.block_manager import KVCacheManager
 from engine.capacity import routing
-from engine.scheduler import Scheduler
+from engine.core import queue_policy as batcher
+from engine.core.scheduler import Scheduler
+from engine.kv_cache.manager import KVCacheManager
 
 SERVICE_S = 0.01
 DISAGGREGATED = {"local_prefill_max_tokens": 0, "local_prefill_max_uncached_share": 0.0, "overlap_weight": 0.0}

@@ -8,7 +8,7 @@ import pytest
 from agents_eval.sim.calibration import FEATURES, CalibratedTimer, Calibration
 from agents_eval.sim.cost import StepWork
 from agents_eval.sim.step_agreement import agreement, run_speed
-from engine.step_trace import TracedStep
+from engine.core.step_trace import TracedStep
 
 COEFFICIENTS = {"decode": {name: 0.0 for name in FEATURES} | {"step": 0.010},
                 "prefill": {name: 0.0 for name in FEATURES} | {"step": 0.020, "linear_flop": 1e-11}}

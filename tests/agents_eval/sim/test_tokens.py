@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agents_eval.sim.tokens import SimSequence, TokenView
-from engine.sampling import SamplingParams
+from engine.core.sampling.sampler import SamplingParams
 
 
 def test_view_slices_like_the_concatenated_list() -> None:

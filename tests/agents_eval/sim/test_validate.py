@@ -24,10 +24,10 @@ from agents_eval.sim.validate import (
 )
 from agents_eval.sim.workload import SimSession, SimTurn
 from engine.config import EngineSettings
-from engine.llm_engine import LLMEngine
-from engine.output import RequestOutput
-from engine.worker.coordinator import DisaggregatedEngine
-from engine.worker.deployment import DeploymentSettings
+from engine.core.llm_engine import LLMEngine
+from engine.core.output import RequestOutput
+from engine.workers.coordinator.worker_engine import WorkerEngine
+from engine.workers.deployment import DeploymentSettings
 
 
 def test_warm_up_runs_every_prompt_and_empties_the_prefix_cache() -> None:
@@ -43,7 +43,7 @@ def test_warm_up_runs_every_prompt_and_empties_the_prefix_cache() -> None:
 
 
 def test_disaggregated_warm_up_transfers_kv() -> None:
-    engine = DisaggregatedEngine("tiny", EngineSettings(), DeploymentSettings(prefill=1, decode=1, transport="shm"))
+    engine = WorkerEngine("tiny", EngineSettings(), DeploymentSettings(prefill=1, decode=1, transport="shm"))
     try:
         warm_up(engine)
         assert 1 <= engine.transfers.requests <= len(WARM_UP_PROMPT_TOKENS)

@@ -1,5 +1,5 @@
 """Decode demand from the step's line against its batch: t(b) = base + per_stream x b, fitted from decode-only
-steps (`engine.stats.DecodeLine`), decides how many workers a number of streams needs."""
+steps (`engine.core.stats.DecodeLine`), decides how many workers a number of streams needs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from engine.capacity.policy import CapacityPolicy, decode_workers, demand
 from engine.capacity.settings import CapacitySettings
 from engine.capacity.signals import DECODE, PREFILL, AdmittedWork, LoadSnapshot, WorkerLoad
-from engine.stats import DecodeLine, EngineStats, StepTimer, mean_line
+from engine.core.stats import DecodeLine, EngineStats, StepTimer, mean_line
 
 SETTINGS = CapacitySettings(demand_smoothing_s=0, hold_s=0)  # target_tpot_s 0.05
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from engine.capacity.loop import CapacityLoop
 from engine.capacity.settings import CapacitySettings
 from engine.capacity.signals import AdmittedWork
-from engine.stats import AgentSignals
-from engine.worker import messages as m
-from engine.worker.capacity_loop import CapacityLoop
-from engine.worker.handles import WorkerHandle
+from engine.core.stats import AgentSignals
+from engine.workers import messages as m
+from engine.workers.coordinator.handles import WorkerHandle
 
 
 def test_pushed_decisions_evaluate_the_alerts_once_an_interval(monkeypatch: pytest.MonkeyPatch) -> None:

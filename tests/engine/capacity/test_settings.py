@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from engine.capacity.settings import CapacitySettings
 from engine.capacity.signals import DECODE, PREFILL
-from engine.worker import messages
+from engine.workers import messages
 
 
 def test_shipped_yaml_matches_the_defaults() -> None:

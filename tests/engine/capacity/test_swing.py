@@ -11,12 +11,12 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from engine.capacity.loop import CapacityLoop
 from engine.capacity.routing import prefill_locally
 from engine.capacity.settings import CapacitySettings
-from engine.stats import AgentSignals
-from engine.worker import messages as m
-from engine.worker.capacity_loop import CapacityLoop
-from engine.worker.handles import WorkerHandle
+from engine.core.stats import AgentSignals
+from engine.workers import messages as m
+from engine.workers.coordinator.handles import WorkerHandle
 from gateway.admission import AdmissionController
 
 BOUND_S = 0.5

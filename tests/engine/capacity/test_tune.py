@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from agentserve.cli import main
 from engine.capacity.tune import kv_bytes_per_token, parameter_count, parse_size, tune
-from engine.loader import random_weights
-from engine.requests import read_model_config
-from gateway.cli import main
+from engine.core.validation import read_model_config
+from engine.model.loader import random_weights
 
 GIB = 2**30
 LLAMA_8B = {"architectures": ["LlamaForCausalLM"], "vocab_size": 128256, "hidden_size": 4096,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agents_eval.bench.redis_server import RedisServer, running_redis
-from engine.llm_engine import LLMEngine
+from engine.core.llm_engine import LLMEngine
 from tests.conftest import close_after_test
 
 OwnRedis = RedisServer

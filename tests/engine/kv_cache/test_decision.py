@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.kv_cache.decision import LoadDecision
+from engine.kv_cache.tiers.decision import LoadDecision
 
 
 def test_load_decision_weighs_tier_bandwidth_against_prefill_rate() -> None:

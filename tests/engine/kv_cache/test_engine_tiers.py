@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 import torch
 
-from engine.block_manager import hash_block_tokens
 from engine.config import EngineSettings
-from engine.kv_cache.engine_tiers import TierHooks
+from engine.core.llm_engine import Completion, LLMEngine
+from engine.core.sampling.sampler import SamplingParams
+from engine.kv_cache.manager import hash_block_tokens
 from engine.kv_cache.settings import KVCacheSettings
-from engine.llm_engine import Completion, LLMEngine
-from engine.sampling import SamplingParams
+from engine.kv_cache.tiers.engine import TierHooks
 from tests.engine.kv_cache.conftest import OwnRedis, opened
 
 GREEDY = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
@@ -116,7 +116,7 @@ def test_a_corrupted_stored_block_is_recomputed(tmp_path: Path, caplog: pytest.L
     data = bytearray(path.read_bytes())
     data[200] ^= 0xFF  # inside layer 0's payload: its checksum fails
     path.write_bytes(bytes(data))
-    with caplog.at_level(logging.WARNING, logger="engine.kv_cache.engine_tiers"):
+    with caplog.at_level(logging.WARNING, logger="engine.kv_cache.tiers.engine"):
         again = run(engine, PROMPT_A)
     assert again.num_cached_tokens == on_device * BLOCK and again.token_ids == cold.token_ids
     assert tiers.chain.tiers[0].stats.corrupt == 1 and not path.exists()
@@ -128,7 +128,7 @@ def test_redis_killed_mid_run_fails_no_request(own_redis: OwnRedis, caplog: pyte
     engine = make_engine(redis_url=own_redis.url)
     run(engine, PROMPT_A)
     own_redis.kill()
-    with caplog.at_level(logging.WARNING, logger="engine.kv_cache.tiers"):
+    with caplog.at_level(logging.WARNING, logger="engine.kv_cache.tiers.chain"):
         run(engine, PROMPT_B)  # evictions try to demote into the dead Redis
         again = run(engine, PROMPT_A)
     assert again.token_ids == cold.token_ids and again.num_cached_tokens < 28
@@ -140,7 +140,7 @@ def test_redis_killed_mid_run_fails_no_request(own_redis: OwnRedis, caplog: pyte
 def test_a_full_disk_stops_demotion_not_serving(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cold = [run(make_engine(num_blocks=64), prompt) for prompt in (PROMPT_A, PROMPT_B, PROMPT_A)]
     engine = make_engine(disk_path=tmp_path / "disk", disk_max_bytes=30_000)  # room for 13 blocks of 2.2 KB
-    with caplog.at_level(logging.WARNING, logger="engine.kv_cache.tiers"):
+    with caplog.at_level(logging.WARNING, logger="engine.kv_cache.tiers.chain"):
         served = [run(engine, prompt) for prompt in (PROMPT_A, PROMPT_B, PROMPT_A)]
     disk = hooks(engine).tiers.chain.tiers[0]
     assert [r.token_ids for r in served] == [r.token_ids for r in cold]

@@ -11,9 +11,9 @@ import openai
 import pytest
 
 from engine.config import EngineSettings
+from engine.core.llm_engine import LLMEngine
 from engine.kv_cache.settings import KVCacheSettings
-from engine.llm_engine import LLMEngine
-from gateway.app import create_app
+from gateway.server.app import create_app
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port
 from tests.gateway.conftest import running_gateway, serving

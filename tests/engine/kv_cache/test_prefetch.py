@@ -7,11 +7,11 @@ import time
 from pathlib import Path
 
 from engine.config import EngineSettings
-from engine.kv_cache.prefetch import PrefetchSchedule
+from engine.core.llm_engine import Completion, LLMEngine
+from engine.core.sampling.sampler import SamplingParams
+from engine.core.sequence import SessionRef
 from engine.kv_cache.settings import KVCacheSettings
-from engine.llm_engine import Completion, LLMEngine
-from engine.sampling import SamplingParams
-from engine.sequence import SessionRef
+from engine.kv_cache.tiers.prefetch import PrefetchSchedule
 
 GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 BLOCK = 4

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from engine.config import EngineSettings
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling.sampler import SamplingParams
+from engine.core.sequence import SessionRef
 from engine.kv_cache.settings import KVCacheSettings
-from engine.llm_engine import LLMEngine
-from engine.sampling import SamplingParams
-from engine.sequence import SessionRef
 from tests.engine.kv_cache.conftest import OwnRedis, opened
-from tests.engine.test_session_kv import run_turn
+from tests.engine.kv_cache.test_session_kv import run_turn
 
 BLOCK = 8
 SESSION = SessionRef("agent-restart", ttl_s=60.0)

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from engine.config import EngineSettings
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling.sampler import SamplingParams
+from engine.core.validation import read_model_config
 from engine.kv_cache.sizing import kv_bytes_per_block, size_kv_cache, weight_bytes
-from engine.llm_engine import LLMEngine
-from engine.requests import read_model_config
-from engine.sampling import SamplingParams
-from engine.worker.coordinator import DisaggregatedEngine
-from engine.worker.deployment import DeploymentSettings
+from engine.workers.coordinator.worker_engine import WorkerEngine
+from engine.workers.deployment import DeploymentSettings
 
 FRACTION = 0.002  # of the available RAM: tens of MiB, small enough for a test
 
@@ -77,7 +77,7 @@ def test_an_engine_logs_its_cache_in_tokens_of_its_model(sized_from_memory: Engi
 def test_a_deployment_fixes_the_size_once_for_its_workers(sized_from_memory: EngineSettings) -> None:
     """The coordinator sizes the workers' caches before they start: each worker and the coordinator's request
     checks agree on the block count, however the available RAM moves while the workers load."""
-    engine = DisaggregatedEngine("tiny", sized_from_memory, DeploymentSettings(prefill=1, decode=1, transport="shm"))
+    engine = WorkerEngine("tiny", sized_from_memory, DeploymentSettings(prefill=1, decode=1, transport="shm"))
     try:
         blocks = engine.settings.num_kv_blocks
         assert blocks is not None and engine.validator.num_blocks == blocks

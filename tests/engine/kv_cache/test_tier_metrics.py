@@ -9,11 +9,11 @@ from typing import Any
 from rich.console import Console
 
 from engine.config import EngineSettings
-from engine.kv_cache.engine_tiers import total_tier_stats
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling.sampler import SamplingParams
 from engine.kv_cache.settings import KVCacheSettings
-from engine.kv_cache.tiers import TierStats
-from engine.llm_engine import LLMEngine
-from engine.sampling import SamplingParams
+from engine.kv_cache.tiers.chain import TierStats
+from engine.kv_cache.tiers.engine import total_tier_stats
 from gateway.metrics import PREFIX, Metrics
 from gateway.monitor import kv_tiers, parse_metrics, render
 

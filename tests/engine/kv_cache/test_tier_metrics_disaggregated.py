@@ -13,13 +13,13 @@ from rich.console import Console
 
 from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
+from engine.core.sampling.sampler import SamplingParams
 from engine.kv_cache.settings import KVCacheSettings
-from engine.sampling import SamplingParams
-from engine.worker.coordinator import DisaggregatedEngine
-from engine.worker.deployment import DeploymentSettings
-from gateway.app import create_app
+from engine.workers.coordinator.worker_engine import WorkerEngine
+from engine.workers.deployment import DeploymentSettings
 from gateway.metrics import PREFIX
 from gateway.monitor import Scrape, kv_tiers, parse_metrics, render
+from gateway.server.app import create_app
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port
 from tests.gateway.conftest import serving
@@ -32,11 +32,11 @@ ALWAYS_REMOTE = CapacitySettings(enabled=False, local_prefill_max_tokens=0, loca
 PROMPTS = [list(range(3, 33)), list(range(500, 540)), list(range(3, 33))]
 
 
-def start(tmp_path: Path, num_kv_blocks: int) -> DisaggregatedEngine:
+def start(tmp_path: Path, num_kv_blocks: int) -> WorkerEngine:
     """One prefill and one decode worker sharing a host tier (4 blocks each) over a disk tier."""
     kv = KVCacheSettings(host_blocks=4, host_path=tmp_path / "host", disk_path=tmp_path / "disk")
     settings = EngineSettings(num_kv_blocks=num_kv_blocks, block_size=4, kv_cache=kv)
-    return DisaggregatedEngine("tiny", settings, DeploymentSettings(transport="shm", kv_timeout_s=5.0), ALWAYS_REMOTE)
+    return WorkerEngine("tiny", settings, DeploymentSettings(transport="shm", kv_timeout_s=5.0), ALWAYS_REMOTE)
 
 
 def test_the_engine_sums_its_workers_tier_counters(tmp_path: Path) -> None:

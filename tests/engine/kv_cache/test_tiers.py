@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from engine.kv_cache.policy import LfuPolicy, LfuWeights
-from engine.kv_cache.stores import FileStore, RedisStore, StoreFull
-from engine.kv_cache.tiers import TierChain
+from engine.kv_cache.tiers.chain import TierChain
+from engine.kv_cache.tiers.stores import FileStore, RedisStore, StoreFull
 from tests.engine.kv_cache.conftest import OwnRedis
 
 
@@ -76,7 +76,7 @@ def test_full_disk_stops_demotion_but_not_loads(tmp_path: Path, caplog: pytest.L
     disk = FileStore("disk", tmp_path / "disk", max_bytes=100)
     chain = TierChain(None, 0, [disk])
     chain.demote("a", b"x" * 80, now=0.0)
-    with caplog.at_level(logging.WARNING, logger="engine.kv_cache.tiers"):
+    with caplog.at_level(logging.WARNING, logger="engine.kv_cache.tiers.chain"):
         chain.demote("b", b"y" * 80, now=0.0)
         chain.demote("c", b"z" * 10, now=0.0)  # stopped, though it would fit
     assert chain.persistent[0].full and not disk.contains("b") and not disk.contains("c")
@@ -96,7 +96,7 @@ def test_redis_killed_mid_run_is_skipped_with_one_warning(tmp_path: Path, own_re
     chain.demote("before", b"1", now=0.0)
     assert redis_store.get("before") == b"1"
     own_redis.kill()
-    with caplog.at_level(logging.WARNING, logger="engine.kv_cache.tiers"):
+    with caplog.at_level(logging.WARNING, logger="engine.kv_cache.tiers.chain"):
         for index in range(5):
             chain.demote(f"after{index}", b"2", now=0.0)
             assert chain.locate(f"after{index}") is not None  # served from disk
@@ -105,6 +105,6 @@ def test_redis_killed_mid_run_is_skipped_with_one_warning(tmp_path: Path, own_re
     assert len([r for r in caplog.records if "unavailable" in r.message]) == 1
     assert redis_tier.stats.skipped >= 5 and disk.get("after4") == b"2"
     clock.now = 31.0  # retried after retry_s: still down, one more warning
-    with caplog.at_level(logging.WARNING, logger="engine.kv_cache.tiers"):
+    with caplog.at_level(logging.WARNING, logger="engine.kv_cache.tiers.chain"):
         chain.demote("later", b"3", now=0.0)
     assert len([r for r in caplog.records if "unavailable" in r.message]) == 2

@@ -1,0 +1,1 @@
+"""The TCP transport: DSCP-marked sockets and each connection's receive side."""

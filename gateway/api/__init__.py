@@ -1,0 +1,1 @@
+"""The HTTP and WebSocket API, one module per surface: chat and completions, Responses, admin, operations."""

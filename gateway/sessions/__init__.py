@@ -1,0 +1,1 @@
+"""Agent sessions between turns: the manager, the store (memory or Redis) and the one-turn-at-a-time lease."""

@@ -1,0 +1,1 @@
+"""Token pruning of observations on ingest, and its rules."""
