@@ -22,7 +22,7 @@ import httpx
 from agents_eval.bench.agent.client import HttpPool
 from agents_eval.bench.agent.metrics import percentile
 from agents_eval.bench.peer import workload
-from agents_eval.bench.peer.client import chat, request_body, session_headers, stream_chat
+from agents_eval.bench.peer.client import Stream, chat, request_body, session_headers, stream_chat
 from agents_eval.bench.peer.settings import PeerSettings
 
 REQUEST_TIMEOUT_S = 1800.0
@@ -75,8 +75,7 @@ async def _session(pool: HttpPool, target: Target, script: workload.SessionScrip
     for turn in range(settings.turns):
         history.append({"role": "user", "content": script.user_message(turn)})
         body = request_body(target.model, history, settings.output_tokens, stream=True)
-        async with pool.client() as http:
-            stream = await stream_chat(http, body, headers)
+        stream = await _stream_retrying(pool, body, headers)
         history.append({"role": "assistant", "content": stream.text})
         usage = stream.usage or {}
         turns.append({"session": session_id, "turn": turn, "ttft_s": stream.ttft_s, "e2e_s": stream.e2e_s,
@@ -84,6 +83,19 @@ async def _session(pool: HttpPool, target: Target, script: workload.SessionScrip
                       "prompt_tokens": usage.get("prompt_tokens"), "cached_tokens": stream.cached_tokens})
         tick()
     return turns
+
+
+async def _stream_retrying(pool: HttpPool, body: dict[str, Any], headers: dict[str, str]) -> Stream:
+    """One streamed turn; sent again once when the server dropped the connection (llama-server closes idle
+    kept-alive ones, which the pool then reuses), as the OpenAI SDK retries a connection error."""
+    for attempt in range(2):
+        try:
+            async with pool.client() as http:
+                return await stream_chat(http, body, headers)
+        except httpx.RemoteProtocolError:
+            if attempt:
+                raise
+    raise AssertionError("unreachable")
 
 
 async def agents(target: Target, settings: PeerSettings, tick: Tick) -> dict[str, Any]:
