@@ -52,13 +52,14 @@ def test_agent_turns_add_up(bench: BenchResult) -> None:
     for config in SETTINGS.configs:
         agents = bench.report["results"][config]["agents"]
         turns = agents["per_turn"]
-        assert agents["turns"] == len(turns) == SETTINGS.sessions * SETTINGS.turns
-        assert sorted((t["session"], t["turn"]) for t in turns) == sorted(
-            (f"peer-0-{s}", t) for s in range(SETTINGS.sessions) for t in range(SETTINGS.turns))
-        assert all(t["output_tokens"] == SETTINGS.output_tokens for t in turns)  # ignore_eos: exact lengths
-        assert agents["output_tokens"] == SETTINGS.sessions * SETTINGS.turns * SETTINGS.output_tokens
-        assert agents["turns_per_s"] == pytest.approx(agents["turns"] / agents["wall_s"])
-        assert agents["output_tokens_per_s"] == pytest.approx(agents["output_tokens"] / agents["wall_s"])
+        per_round = SETTINGS.sessions * SETTINGS.turns
+        assert agents["rounds"] == SETTINGS.rounds and agents["turns"] == len(turns) == per_round * SETTINGS.rounds
+        assert sorted((t["round"], t["session"], t["turn"]) for t in turns) == sorted(
+            (r, f"peer-0-{s}", t) for r in range(SETTINGS.rounds) for s in range(SETTINGS.sessions)
+            for t in range(SETTINGS.turns))
+        assert all(t["output_tokens"] == SETTINGS.output_tokens and t["output_tokens_from_usage"] for t in turns)
+        assert agents["output_tokens"] == per_round * SETTINGS.rounds * SETTINGS.output_tokens
+        assert agents["turns_per_s"] == pytest.approx(statistics.median(agents["round_turns_per_s"]))
         assert 0 < agents["ttft_p50_s"] <= agents["ttft_p99_s"] <= max(t["ttft_s"] for t in turns)
 
 
@@ -67,7 +68,7 @@ def test_sessions_reuse_their_history(bench: BenchResult) -> None:
     turns = bench.report["results"][AGENTSERVE_FP32]["agents"]["per_turn"]
     by_key = {(t["session"], t["turn"]): t for t in turns}
     for session in range(SETTINGS.sessions):
-        first, second = by_key[(f"peer-0-{session}", 0)], by_key[(f"peer-0-{session}", 1)]
+        first, second = by_key[(f"peer-0-{session}", 0)], by_key[(f"peer-0-{session}", 1)]  # the last round's
         assert second["prompt_tokens"] > first["prompt_tokens"] + SETTINGS.output_tokens  # history resent, grown
         assert second["cached_tokens"] > 0  # X-Session-Id: the previous turn's KV is reused
 
