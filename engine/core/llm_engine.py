@@ -87,7 +87,8 @@ class LLMEngine:
         self.validator = RequestValidator(self.config, self.tokenizer, settings.block_size, self.num_blocks,
                                           frozenset(self.slo.classes))
         kv_settings = settings.kv_cache
-        policy = make_policy("lfu", kv_settings.weights) if kv_settings.eviction == "lfu" else None  # None: LRU
+        policy = (make_policy(kv_settings.eviction, kv_settings.weights, self.num_blocks)
+                  if kv_settings.eviction != "lru" else None)  # None: the pool's LRU free queue
         self.kv = KVCacheManager(self.num_blocks, settings.block_size, settings.enable_prefix_caching, policy)
         self.scheduler = Scheduler(self.kv, settings.max_num_batched_tokens, settings.max_num_seqs,
                                    policy=make_queue_policy(settings.queue_policy, self.slo))

@@ -1,4 +1,5 @@
-"""Which cached block to evict: the seed's improved LFU, or LRU. Pure policy, no torch.
+"""Which cached block to evict: the seed's improved LFU, or LRU (and `adaptive`, which picks between them as
+the trace goes: engine/kv_cache/adaptive.py). Pure policy, no torch.
 
 LFU score of a block (all terms decay by exp(-age / decay_s), so recency is part of frequency):
     score = accesses + neighbour_share x accesses of its chain children + prefix_share x new sequences
@@ -20,7 +21,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-PolicyName = Literal["lfu", "lru"]
+PolicyName = Literal["adaptive", "lfu", "lru"]
 RESCALE_EXPONENT = 600.0  # exp(600) ~ 1e260: rescale before float64 overflows
 
 
@@ -168,9 +169,16 @@ class LruPolicy:
         self.vip.discard(key)
 
 
-def make_policy(name: PolicyName, weights: LfuWeights | None = None) -> EvictionPolicy:
+def make_policy(name: PolicyName, weights: LfuWeights | None = None, capacity: int = 0) -> EvictionPolicy:
+    """`capacity` (blocks of the cache the policy serves) sizes the adaptive policy's shadow caches."""
+    if name == "adaptive":
+        from engine.kv_cache.adaptive import AdaptivePolicy, candidate_factories  # it builds on this module
+
+        if capacity <= 0:
+            raise ValueError("the adaptive eviction policy needs the cache's capacity in blocks")
+        return AdaptivePolicy(capacity, candidate_factories(weights))
     if name == "lfu":
         return LfuPolicy(weights)
     if name == "lru":
         return LruPolicy()
-    raise ValueError(f"unknown eviction policy {name!r}: lfu or lru")
+    raise ValueError(f"unknown eviction policy {name!r}: adaptive, lfu or lru")

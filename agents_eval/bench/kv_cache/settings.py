@@ -9,7 +9,7 @@ from agents_eval.harness.report import check_settings
 from engine.kv_cache.policy import PolicyName
 from predictor.traces import DEFAULT_TRACE
 
-POLICIES: tuple[PolicyName, ...] = ("lfu", "lru")
+POLICIES: tuple[PolicyName, ...] = ("adaptive", "lfu", "lru")
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,7 @@ class KVCacheBenchSettings:
     configured_blocks: int = 64000
     bound_share: float = 0.95  # goal: the LFU hit ratio at the configured size reaches this share of the bound
     policies: tuple[PolicyName, ...] = field(default=POLICIES)
+    tune_decays_s: tuple[float, ...] = (60.0, 300.0, 600.0, 1800.0, 6000.0)  # the fixed LFU's decays tried
     engine_requests: int = 0  # replay this many requests on the tiny engine with tiers too; 0: skip
     engine_device_blocks: int = 96  # its device pool (16-token blocks): small, so eviction demotes
     engine_host_blocks: int = 256  # its host tier; the disk tier takes the host's victims

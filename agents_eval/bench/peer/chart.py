@@ -10,7 +10,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from agents_eval.bench.peer.report import METRICS
-from agents_eval.bench.peer.settings import LLAMA_CPP
+from agents_eval.bench.peer.settings import PEERS
 
 CHART_NAME = "peer.png"
 COLUMNS = 3
@@ -25,7 +25,7 @@ def save_chart(table: Mapping[str, Mapping[str, float]], title: str, path: Path)
     figure = Figure(figsize=(4.2 * COLUMNS, 3.4 * rows), layout="constrained")
     FigureCanvasAgg(figure)
     configs = list(table)
-    colors = ["tab:gray" if c == LLAMA_CPP else f"C{i}" for i, c in enumerate(configs)]
+    colors = ["tab:gray" if c in PEERS else f"C{i}" for i, c in enumerate(configs)]
     for axes, metric in zip(figure.subplots(rows, COLUMNS).flat, METRICS, strict=False):
         values = [table[c][metric.key] * metric.scale for c in configs]
         bars = axes.bar(range(len(configs)), values, color=colors)

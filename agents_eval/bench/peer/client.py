@@ -32,7 +32,8 @@ def session_headers(session_id: str | None) -> dict[str, str]:
 @dataclass(frozen=True)
 class Stream:
     """One streamed reply: arrival of each chunk with content (seconds after the request was sent) and the
-    usage when the server sends it (llama.cpp's server does not stream usage)."""
+    usage when the server sends it (llama-server does with `stream_options.include_usage`; llama-cpp-python's
+    server does not: its output tokens are then the chunks counted, and the turn says so)."""
 
     text: str
     chunk_times_s: tuple[float, ...]

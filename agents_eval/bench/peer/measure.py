@@ -4,7 +4,8 @@
 - prefill: one request at a time of about `prefill_tokens` prompt tokens and a one-token reply; prompt
   tokens over the time to that reply;
 - agents: `sessions` agent sessions at once, each `turns` streamed turns carrying the whole history
-  (with `X-Session-Id` where the server keeps sessions); turns/s, output tokens/s and TTFT quantiles.
+  (with `X-Session-Id` where the server keeps sessions); turns/s, output tokens/s (from each reply's `usage`)
+  and TTFT quantiles, in every round (`merge_agents` joins the rounds).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 import httpx
 
 from agents_eval.bench.peer import workload
-from agents_eval.bench.peer.client import chat, request_body, session_headers, stream_chat
+from agents_eval.bench.peer.client import Stream, chat, request_body, session_headers, stream_chat
 from agents_eval.bench.peer.settings import PeerSettings
 from agents_eval.harness.client import HttpPool
 from agents_eval.harness.stats import percentile
@@ -74,15 +75,27 @@ async def _session(pool: HttpPool, target: Target, script: workload.SessionScrip
     for turn in range(settings.turns):
         history.append({"role": "user", "content": script.user_message(turn)})
         body = request_body(target.model, history, settings.output_tokens, stream=True)
-        async with pool.client() as http:
-            stream = await stream_chat(http, body, headers)
+        stream = await _stream_retrying(pool, body, headers)
         history.append({"role": "assistant", "content": stream.text})
         usage = stream.usage or {}
         turns.append({"session": session_id, "turn": turn, "ttft_s": stream.ttft_s, "e2e_s": stream.e2e_s,
-                      "output_tokens": stream.output_tokens, "prompt_tokens": usage.get("prompt_tokens"),
-                      "cached_tokens": stream.cached_tokens})
+                      "output_tokens": stream.output_tokens, "output_tokens_from_usage": stream.usage is not None,
+                      "prompt_tokens": usage.get("prompt_tokens"), "cached_tokens": stream.cached_tokens})
         tick()
     return turns
+
+
+async def _stream_retrying(pool: HttpPool, body: dict[str, Any], headers: dict[str, str]) -> Stream:
+    """One streamed turn; sent again once when the server dropped the connection (llama-server closes idle
+    kept-alive ones, which the pool then reuses), as the OpenAI SDK retries a connection error."""
+    for attempt in range(2):
+        try:
+            async with pool.client() as http:
+                return await stream_chat(http, body, headers)
+        except httpx.RemoteProtocolError:
+            if attempt:
+                raise
+    raise AssertionError("unreachable")
 
 
 async def agents(target: Target, settings: PeerSettings, tick: Tick) -> dict[str, Any]:
@@ -95,6 +108,24 @@ async def agents(target: Target, settings: PeerSettings, tick: Tick) -> dict[str
     finally:
         await pool.close()
     return summarize_agents([turn for turns in done for turn in turns], time.perf_counter() - start)
+
+
+def merge_agents(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every round's agent sessions: turns/s and output tokens/s the median of the rounds' own figures, TTFT
+    quantiles over every round's turns (each turn keeps its round), and each round's figures beside them."""
+    turns = [turn | {"round": index} for index, result in enumerate(rounds) for turn in result["per_turn"]]
+    ttfts = [t["ttft_s"] for t in turns]
+    cached = [r["cached_tokens"] for r in rounds if r["cached_tokens"] is not None]
+    return {
+        "rounds": len(rounds), "turns": len(turns), "wall_s": sum(r["wall_s"] for r in rounds),
+        "turns_per_s": statistics.median(r["turns_per_s"] for r in rounds),
+        "output_tokens": sum(r["output_tokens"] for r in rounds),
+        "output_tokens_per_s": statistics.median(r["output_tokens_per_s"] for r in rounds),
+        "ttft_p50_s": percentile(ttfts, 50), "ttft_p99_s": percentile(ttfts, 99),
+        "cached_tokens": sum(cached) if cached else None,
+        "round_turns_per_s": [r["turns_per_s"] for r in rounds],
+        "round_ttft_p99_s": [r["ttft_p99_s"] for r in rounds], "per_turn": turns,
+    }
 
 
 def summarize_agents(turns: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:

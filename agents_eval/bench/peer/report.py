@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agents_eval.bench.peer.settings import AGENTSERVE_QUANTIZED, LLAMA_CPP
+from agents_eval.bench.peer.settings import AGENTSERVE_QUANTIZED, PEERS
 from agents_eval.harness.report import Table
 
 
@@ -56,18 +56,20 @@ def figures(result: Mapping[str, Any]) -> dict[str, float]:
             "agent_ttft_p50_s": agents["ttft_p50_s"], "agent_ttft_p99_s": agents["ttft_p99_s"]}
 
 
-def ratios(table: Mapping[str, Mapping[str, float]], peer: str = LLAMA_CPP) -> dict[str, dict[str, float]]:
+def ratios(table: Mapping[str, Mapping[str, float]], peer: str | None) -> dict[str, dict[str, float]]:
     """Each other configuration's figures over the peer's, metric by metric; empty without the peer."""
-    if peer not in table:
+    if peer is None or peer not in table:
         return {}
     base = table[peer]
     return {config: {key: value / base[key] if base[key] else math.nan for key, value in row.items()}
             for config, row in table.items() if config != peer}
 
 
-def goal_results(table: Mapping[str, Mapping[str, float]], peer: str = LLAMA_CPP) -> list[dict[str, Any]]:
-    """Per goal and configuration: the ratio, and `factor`, how far past the target it is (>= 1: met)."""
-    by_config = ratios(table, peer)
+def goal_results(table: Mapping[str, Mapping[str, float]], peer: str | None) -> list[dict[str, Any]]:
+    """Per goal and agentserve configuration: `name`, `target`, `bound` ("min": at least; "max": at most),
+    `measured` (the ratio to the peer) and `met`, beside the older keys (`factor`: how far past the target
+    it is, >= 1 when met)."""
+    by_config = {config: row for config, row in ratios(table, peer).items() if config not in PEERS}
     rows = []
     for goal in GOALS:
         higher = METRIC[goal.metric].higher_is_better
@@ -76,9 +78,11 @@ def goal_results(table: Mapping[str, Mapping[str, float]], peer: str = LLAMA_CPP
                 continue
             ratio = by_config[config][goal.metric]
             factor = ratio / goal.target_ratio if higher else goal.target_ratio / ratio
-            rows.append({"goal": goal.name, "config": config, "metric": goal.metric,
-                         "value": table[config][goal.metric], "peer_value": table[peer][goal.metric],
-                         "ratio": ratio, "target_ratio": goal.target_ratio, "factor": factor, "met": factor >= 1.0})
+            rows.append({"name": f"{config}: {goal.name.replace('llama.cpp', str(peer))}",
+                         "target": goal.target_ratio, "bound": "min" if higher else "max", "measured": ratio,
+                         "met": factor >= 1.0, "goal": goal.name, "config": config, "metric": goal.metric,
+                         "peer": peer, "value": table[config][goal.metric], "peer_value": table[peer][goal.metric],  # type: ignore[index]
+                         "ratio": ratio, "target_ratio": goal.target_ratio, "factor": factor})
     return rows
 
 
@@ -95,10 +99,10 @@ def figures_table(table: Mapping[str, Mapping[str, float]], results: Mapping[str
     return Table("Figures", headers, rows)
 
 
-def ratio_table(by_config: Mapping[str, Mapping[str, float]]) -> Table:
+def ratio_table(by_config: Mapping[str, Mapping[str, float]], peer: str) -> Table:
     headers = ["configuration", *(f"{m.label} {'↑' if m.higher_is_better else '↓'}" for m in METRICS)]
     rows = [[config, *(f"{row[m.key]:.2f}x" for m in METRICS)] for config, row in by_config.items()]
-    return Table("agentserve / llama.cpp (↑: above 1 is better, ↓: below 1 is better)", headers, rows)
+    return Table(f"Each / {peer} (↑: above 1 is better, ↓: below 1 is better)", headers, rows)
 
 
 def verdict(row: Mapping[str, Any]) -> str:
@@ -111,5 +115,5 @@ def verdict(row: Mapping[str, Any]) -> str:
 def goals_table(rows: list[dict[str, Any]]) -> Table:
     body = [[r["goal"], r["config"], _show(r["metric"], r["value"]), _show(r["metric"], r["peer_value"]),
              f"{r['ratio']:.2f}x", f"{r['target_ratio']:.2f}x", verdict(r)] for r in rows]
-    headers = ["goal", "configuration", "agentserve", "llama.cpp", "ratio", "target ratio", "result"]
+    headers = ["goal", "configuration", "agentserve", "peer", "ratio", "target ratio", "result"]
     return Table("Goals", headers, body)

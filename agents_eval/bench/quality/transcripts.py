@@ -1,9 +1,10 @@
 """Seeded multi-turn agent transcripts, each ending in a question that one observation answers.
 
-A transcript is a system prompt, the user's task, 3 or 4 tool calls (an assistant message naming the call,
+A transcript is a system prompt, the user's task, 10 tool calls (an assistant message naming the call,
 with an OpenAI function call, then the `tool` message with its result) and the user's question. Transcript
-i asks about a kind (listing, log, tree, json) and a position (the last observation, or an older one) that
-cycle with period 8, so every combination is asked equally often.
+i asks about a kind (listing, log, tree, json) and about the observation at one of the 10 positions; both
+cycle with period 40, so every (kind, position) pair is asked equally often and every position, oldest to
+last, is asked about in one transcript of 10.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ Position = Literal["last", "older"]
 POSITIONS: tuple[Position, ...] = ("last", "older")
 GENERATORS: dict[Kind, tuple[Generator, ...]] = {"listing": LISTINGS, "log": LOGS, "tree": TREES, "json": JSONS}
 ALL_GENERATORS = tuple(g for kind in KINDS for g in GENERATORS[kind])
-MIN_OBSERVATIONS, MAX_OBSERVATIONS = 3, 4
+OBSERVATIONS = 10  # tool observations per transcript (real swe sessions have about 18 turns)
 
 SYSTEM = ("You are an autonomous agent working on an online shop. You act through tools: a shell, a web "
           "browser and an HTTP client. When asked about the session, answer briefly from the tool outputs.")
@@ -82,25 +83,25 @@ def generate_transcripts(count: int, seed: int) -> list[Transcript]:
     return [_transcript(index, rng) for index in range(count)]
 
 
-def cell(index: int) -> tuple[Kind, Position]:
-    """The kind and position transcript `index` asks about; period 8 covers all eight combinations."""
-    step = index % 8
-    return KINDS[step % 4], POSITIONS[(step + step // 4) % 2]
+def cell(index: int) -> tuple[Kind, int]:
+    """The kind and the observation (0: the oldest) transcript `index` asks about: the target cycles over the
+    positions, the kind moves on by one each full cycle, so period 40 covers all 40 pairs."""
+    target = index % OBSERVATIONS
+    return KINDS[(index + index // OBSERVATIONS) % len(KINDS)], target
 
 
 def _transcript(index: int, rng: random.Random) -> Transcript:
-    kind, position = cell(index)
+    kind, target = cell(index)
     while True:
-        transcript = _draw(index, kind, position, rng)
+        transcript = _draw(index, kind, target, rng)
         if answer_only_in_target(transcript):
             return transcript
 
 
-def _draw(index: int, kind: Kind, position: Position, rng: random.Random) -> Transcript:
-    count = rng.randint(MIN_OBSERVATIONS, MAX_OBSERVATIONS)
+def _draw(index: int, kind: Kind, target: int, rng: random.Random) -> Transcript:
+    count = OBSERVATIONS
     asked = rng.choice(GENERATORS[kind])
     others = rng.sample([g for g in ALL_GENERATORS if g is not asked], count - 1)
-    target = count - 1 if position == "last" else rng.randrange(count - 1)
     generators = [*others[:target], asked, *others[target:]]
     observations = tuple(generate(rng) for generate in generators)
     leads = tuple(rng.choice(LEADS).format(o.command) for o in observations)

@@ -41,8 +41,8 @@ def build_chain(settings: KVCacheSettings, clock: Callable[[], float] = time.mon
     stores = [store for store in persistent if store is not None]
     if host is None and not stores:
         return None
-    return TierChain(host, settings.host_blocks, stores, make_policy(settings.eviction, settings.weights),
-                     clock=clock)
+    policy = make_policy(settings.eviction, settings.weights, max(settings.host_blocks, 1))
+    return TierChain(host, settings.host_blocks, stores, policy, clock=clock)
 
 
 def _open(make: Callable[[], BlockStore]) -> BlockStore | None:

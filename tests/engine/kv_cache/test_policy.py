@@ -70,9 +70,9 @@ def test_a_prefix_shared_by_two_sequences_outlives_one_reused_by_one() -> None:
     assert policy.blocks == {}
 
 
-@pytest.mark.parametrize("name", ["lfu", "lru"])
+@pytest.mark.parametrize("name", ["adaptive", "lfu", "lru"])
 def test_vip_blocks_are_never_victims(name: str) -> None:
-    policy = make_policy(name)  # type: ignore[arg-type]
+    policy = make_policy(name, capacity=4)  # type: ignore[arg-type]
     policy.access("vip", None, now=0.0, vip=True)
     for _ in range(5):
         policy.access("plain", None, now=10.0)
@@ -81,9 +81,9 @@ def test_vip_blocks_are_never_victims(name: str) -> None:
     assert policy.victim() is None
 
 
-@pytest.mark.parametrize("name", ["lfu", "lru"])
+@pytest.mark.parametrize("name", ["adaptive", "lfu", "lru"])
 def test_held_blocks_are_not_victims(name: str) -> None:
-    policy = make_policy(name)  # type: ignore[arg-type]
+    policy = make_policy(name, capacity=4)  # type: ignore[arg-type]
     policy.access("held", None, now=0.0)
     policy.access("free", None, now=5.0)
     _free(policy, "held", "free")
