@@ -1,7 +1,8 @@
-"""The disaggregated engine's surface beside serving: its stats and reports summed over the live workers, and the
-questions and commands it sends every worker or one (session TTLs, role changes, KV counters, prefix-cache
-resets, fault injection). `WorkerEngine` serves; this is what it answers the gateway's metrics, admin
-routes and the capacity controller with."""
+"""What the coordinator asks of its workers beside serving: their stats and reports summed over the live ones, and
+the commands it sends every worker or one (session TTLs, role changes, KV counters, prefix-cache resets, fault
+injection). A collaborator of `WorkerEngine`, which answers the gateway's metrics, admin routes and the capacity
+controller through it: it owns the answers it waits for and is given what it needs (the worker handles, the
+sessions' homes, how to send a command and how to step the coordinator while it waits)."""
 
 from __future__ import annotations
 
@@ -17,16 +18,30 @@ from engine.workers import messages as m
 from engine.workers.coordinator.handles import WorkerHandle
 from engine.workers.coordinator.session_homes import SessionHomes
 
+Send = Callable[[WorkerHandle, m.Command], bool]  # False: the worker's pipe is broken (it died)
+
 
 class WorkerQueries:
-    workers: list[WorkerHandle]
-    homes: SessionHomes
-    capacity: CapacityLoop | None
-    colocated: bool  # one worker doing it all, never moved
-    _counters: dict[int, m.KVCounters]
-    _resets: dict[int, bool]
-    _send: Callable[[WorkerHandle, m.Command], bool]  # False: the worker's pipe is broken (it died)
-    step: Callable[..., Any]  # handles the workers' events, answers included
+    def __init__(self, workers: list[WorkerHandle], homes: SessionHomes, send: Send, step: Callable[[], Any],
+                 colocated: bool) -> None:
+        self.workers = workers
+        self.homes = homes
+        self.colocated = colocated  # one worker doing it all, never moved
+        self.capacity: CapacityLoop | None = None  # the coordinator's controller, once it has one
+        self._send = send
+        self._step = step  # handles the workers' events, answers included
+        self._counters: dict[int, m.KVCounters] = {}
+        self._resets: dict[int, bool] = {}
+
+    def answered(self, event: m.Event) -> bool:
+        """Take a worker's answer to one of these questions; False for any other event."""
+        if isinstance(event, m.Counters):
+            self._counters[event.worker_id] = event.counters
+        elif isinstance(event, m.PrefixCacheReset):
+            self._resets[event.worker_id] = event.done
+        else:
+            return False
+        return True
 
     def set_session_ttl(self, key: str, ttl_s: float) -> bool:
         """Re-time the KV pin of a session's last turn on the worker holding it; False when none does."""
@@ -85,7 +100,7 @@ class WorkerQueries:
                 self._send(worker, command)
         deadline = time.monotonic() + timeout_s
         while len(answers) < sum(w.alive for w in self.workers) and time.monotonic() < deadline:
-            self.step()
+            self._step()
 
     def set_role(self, worker_id: int, role: str) -> None:
         worker = self.workers[worker_id]

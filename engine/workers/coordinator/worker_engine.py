@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from multiprocessing.connection import wait
+from typing import Any
 
 from engine.capacity.loop import CapacityLoop
 from engine.capacity.settings import CapacitySettings
@@ -27,6 +28,7 @@ from engine.core.output import RequestOutput
 from engine.core.sampling.sampler import RequestError, SamplingParams
 from engine.core.sequence import SessionRef
 from engine.core.slo import load_slo_config
+from engine.core.stats import AgentSignals, EngineStats, WorkerReport
 from engine.core.validation import Prompt, RequestValidator, load_tokenizer_or_none, num_kv_blocks, read_model_config
 from engine.kv_cache.sizing import sized_settings
 from engine.model.mask import MaskedSpan, QuerySelection
@@ -44,7 +46,7 @@ SENDING_POLL_S = 0.001  # a step's longest wait while commands wait for room in 
 LIVENESS_POLL_S = 0.02  # between checks that each worker process is alive (a dead one's pipe also ends at once)
 
 
-class WorkerEngine(WorkerQueries):
+class WorkerEngine:
     steps_when_idle = True  # idle workers still report (released pins, restarts, nodes joining)
 
     def __init__(self, model: str, settings: EngineSettings | None = None,
@@ -63,9 +65,11 @@ class WorkerEngine(WorkerQueries):
         self.workers = self.pool.workers
         self.homes = SessionHomes(self.settings.block_size)
         self.placer = Placer(self.workers, self.homes, capacity or CapacitySettings(), self.settings.block_size)
-        self.capacity = (None if capacity is None else
-                         CapacityLoop(capacity, self.workers, self.set_role, self.settings.max_num_seqs))
         self.colocated = capacity is None and len(self.workers) == 1  # one worker doing it all, never moved
+        self.queries = WorkerQueries(self.workers, self.homes, self._send, self.step, self.colocated)
+        self.capacity = (None if capacity is None else
+                         CapacityLoop(capacity, self.workers, self.queries.set_role, self.settings.max_num_seqs))
+        self.queries.capacity = self.capacity
         self.parked: list[Tracked] = []  # requests with no live worker, while a dead one is started again
         self.tracked: dict[str, Tracked] = {}
         self.by_attempt: dict[str, Tracked] = {}
@@ -74,12 +78,38 @@ class WorkerEngine(WorkerQueries):
         self.dead_workers: list[int] = []
         self.stopping = False
         self._ids = itertools.count()
-        self._counters: dict[int, m.KVCounters] = {}
-        self._resets: dict[int, bool] = {}
         self._wake_r, self._wake_w = socket.socketpair()
         self._liveness_due = 0.0  # monotonic time of the next check of the worker processes
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
+
+    # the serving-engine surface the workers answer, through `queries`
+    def stats(self) -> EngineStats:
+        return self.queries.stats()
+
+    def worker_reports(self) -> list[WorkerReport]:
+        return self.queries.worker_reports()
+
+    def kv_tier_stats(self) -> dict[str, Any] | None:
+        return self.queries.kv_tier_stats()
+
+    def set_session_ttl(self, key: str, ttl_s: float) -> bool:
+        return self.queries.set_session_ttl(key, ttl_s)
+
+    def update_signals(self, signals: AgentSignals) -> None:
+        self.queries.update_signals(signals)
+
+    def set_role(self, worker_id: int, role: str) -> None:
+        self.queries.set_role(worker_id, role)
+
+    def kv_counters(self, timeout_s: float = 10.0) -> dict[int, m.KVCounters]:
+        return self.queries.kv_counters(timeout_s)
+
+    def reset_prefix_cache(self, timeout_s: float = 10.0) -> bool:
+        return self.queries.reset_prefix_cache(timeout_s)
+
+    def inject_kv_fault(self, fault: str | None) -> None:
+        self.queries.inject_kv_fault(fault)
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         return self.validator.tokenize(prompt)
@@ -230,16 +260,14 @@ class WorkerEngine(WorkerQueries):
         return outputs
 
     def _on_event(self, worker: WorkerHandle, event: m.Event) -> list[RequestOutput]:
+        if self.queries.answered(event):
+            return []
         if isinstance(event, m.Outputs):
             return [out for raw in event.outputs if (out := self._relay(worker, raw)) is not None]
         if isinstance(event, m.Load):
             worker.stats, worker.kv_tiers, worker.report_due = event.stats, event.kv_tiers, False
         elif isinstance(event, m.Prefilled):
             self._forward_handoff(worker, event)
-        elif isinstance(event, m.Counters):
-            self._counters[event.worker_id] = event.counters
-        elif isinstance(event, m.PrefixCacheReset):
-            self._resets[event.worker_id] = event.done
         elif isinstance(event, m.RoleChanged):
             latency = max(0.0, event.applied_at - worker.clock_offset_s - event.sent_at)
             self.role_switches.append(latency)
