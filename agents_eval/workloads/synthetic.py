@@ -25,9 +25,9 @@ from agents_eval.workloads.context import (
     ContextFit,
     Cut,
 )
-from agents_eval.workloads.observations import ToolOutputs
 from agents_eval.workloads.swing import Swing
 from agents_eval.workloads.text import TokenText
+from agents_eval.workloads.tool_outputs import ToolOutputs
 from agents_eval.workloads.types import TOOL_OBSERVATIONS, USER_OBSERVATIONS, SessionScript, Turn, Workload
 from engine.model.tokenizer import Tokenizer
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agents_eval.bench.trajectory.bench import BenchResult, TrajectoryBenchSettings, run_benchmark
-from agents_eval.bench.trajectory.observations import KINDS
+from agents_eval.bench.trajectory.synthetic_outputs import KINDS
 from agentserve.cli import EXIT_BAD_INPUT, main
 from engine.config import EngineSettings
 from predictor.traces import TraceRequest, sessions_and_reuse

@@ -13,9 +13,9 @@ import tokenizers
 from tokenizers import decoders, models, pre_tokenizers
 
 from agents_eval.workloads import ACT, APPEND, LAST_ACTION, THINK, Workload, coding_agent, mooncake, swe, webarena
-from agents_eval.workloads.observations import ToolOutputs
 from agents_eval.workloads.swing import Swing
 from agents_eval.workloads.text import NoExactPrefixError, TokenCut, TokenText, cut_words
+from agents_eval.workloads.tool_outputs import ToolOutputs
 from agents_eval.workloads.types import SessionScript
 from engine.model.tokenizer import HFTokenizer, Tokenizer
 from trajectory.pruning.prune import OBSERVATION_ROLE, PruningConfig, prune

@@ -12,7 +12,6 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from agents_eval.bench.quality.observations import KINDS
 from agents_eval.bench.quality.scoring import (
     GOAL_ANSWER_RETENTION,
     GOAL_COMPUTE_SAVED,
@@ -24,6 +23,7 @@ from agents_eval.bench.quality.scoring import (
     goal_list,
     variant_figures,
 )
+from agents_eval.bench.quality.tool_questions import KINDS
 from agents_eval.bench.quality.transcripts import POSITIONS
 from agents_eval.bench.quality.variants import VARIANTS
 from agents_eval.harness.report import JSON_NAME, MARKDOWN_NAME, Table, markdown_document

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from agents_eval.bench.quality.observations import (
+from agents_eval.bench.quality.tool_questions import (
     FILE_STEMS,
     MODULES,
     Observation,

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from agents_eval.bench.quality.answers import mentions
-from agents_eval.bench.quality.observations import KINDS, Generator, Kind, Observation
 from agents_eval.bench.quality.shell_outputs import LISTINGS, LOGS
+from agents_eval.bench.quality.tool_questions import KINDS, Generator, Kind, Observation
 from agents_eval.bench.quality.web_outputs import JSONS, TREES
 from trajectory.template.types import Message
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import random
 
-from agents_eval.bench.quality.observations import PRODUCTS, Observation, code
+from agents_eval.bench.quality.tool_questions import PRODUCTS, Observation, code
 
 NAV = ("Dashboard", "Sales", "Catalog", "Customers", "Marketing", "Reports", "Stores", "System")
 WAREHOUSES = ("Reno-2", "Columbus-1", "Dallas-4", "Newark-3", "Tracy-1", "Joliet-2")

@@ -28,7 +28,6 @@ from rich.progress import Progress
 
 from agents_eval.bench.trajectory import report as bench_report
 from agents_eval.bench.trajectory import trace as trace
-from agents_eval.bench.trajectory.observations import KINDS, PruningFigure, measure_pruning
 from agents_eval.bench.trajectory.phase import PhaseFigures, PhaseScript, run_phase_swings
 from agents_eval.bench.trajectory.report import CACHE_OFF, CACHE_ON, Figures, TraceFigures
 from agents_eval.bench.trajectory.sessions import (
@@ -38,6 +37,7 @@ from agents_eval.bench.trajectory.sessions import (
     replay_recorded,
     run_sessions,
 )
+from agents_eval.bench.trajectory.synthetic_outputs import KINDS, PruningFigure, measure_pruning
 from agents_eval.harness.report import ReportFiles, check_settings, machine_info, write_report
 from engine.config import EngineSettings
 from engine.core.llm_engine import LLMEngine

@@ -11,9 +11,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from agents_eval.bench.trajectory.observations import PruningFigure
 from agents_eval.bench.trajectory.phase import PhaseFigures, think_label
 from agents_eval.bench.trajectory.sessions import REPLY_TOKENS, SessionRun
+from agents_eval.bench.trajectory.synthetic_outputs import PruningFigure
 from agents_eval.bench.trajectory.trace import ReplayCounts, ScaledRequest
 from agents_eval.harness.report import BarChart, Table, goal
 from engine.kv_cache.pins import PinStats

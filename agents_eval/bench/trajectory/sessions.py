@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from agents_eval.bench.trajectory.observations import KIND_TOOLS, ObservationKind, observation
+from agents_eval.bench.trajectory.synthetic_outputs import KIND_TOOLS, ObservationKind, observation
 from engine.core.llm_engine import Completion, LLMEngine
 from engine.core.sampling.sampler import SamplingParams
 from engine.model.mask import MaskedSpan

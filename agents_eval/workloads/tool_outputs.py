@@ -16,7 +16,7 @@ import random
 from collections.abc import Hashable
 
 from agents_eval.bench.quality import shell_outputs, web_outputs
-from agents_eval.bench.quality.observations import Generator, Observation
+from agents_eval.bench.quality.tool_questions import Generator, Observation
 from agents_eval.workloads.text import NoExactPrefixError, TokenCut
 from engine.model.tokenizer import Tokenizer
 
