@@ -5,7 +5,7 @@
 # Re-running is cheap: the install is skipped while pyproject.toml, this script and that file are unchanged.
 # `--peer` also installs the `peer` extra: llama.cpp's `llama-server`, built from source (about 4 minutes on
 # 2 quiet cores, far longer on a busy host), which `agentserve bench peer` and
-# tests/agents_eval/test_peer_llama_server.py run (that test skips without it, saying how to install it). It
+# tests/agents_eval/bench/peer/test_peer_llama_server.py run (that test skips without it, saying how to install it). It
 # stays out of the default setup: one test needs it. Once installed, later runs keep it (.venv/.agentserve-peer).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,5 +1,5 @@
 """`agentserve bench peer`: the client, the measurements and the report against real agentserve servers on the
-`tiny` model (the llama.cpp servers left out: tests/agents_eval/test_peer_llama_server.py runs llama-server),
+`tiny` model (the llama.cpp servers left out: tests/agents_eval/bench/peer/test_peer_llama_server.py runs llama-server),
 the prompts, and the one-line errors without llama-server or llama-cpp-python."""
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from agents_eval.harness.servers.gateway import COUNTERS
 from agents_eval.harness.stats import RequestRecord, Slo
 from agents_eval.workloads.types import Workload
 from agentserve.cli import EXIT_BAD_INPUT, build_parser, main
-from tests.agents_eval.test_agent_bench_slo import stub_search as slo_stub_search
+from tests.agents_eval.bench.agent.test_agent_bench_slo import stub_search as slo_stub_search
 
 ABLATION = ("single", "caching", "sessions", "pruning", "disaggregated", "routing", "agent")
 SWITCHES = ("disaggregated", "prefix_caching", "sessions", "pruning", "routing", "controller")
