@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from agents_eval.bench.kv_cache.settings import KVCacheBenchSettings
-from agents_eval.harness.report import LineChart, Table, write_report
+from agents_eval.harness.report import LineChart, Table, goal, write_report
 
 MARKDOWN = "report.md"
 CHART = "hit_ratio.png"
@@ -16,11 +16,6 @@ CHART = "hit_ratio.png"
 def headline(settings: KVCacheBenchSettings) -> str:
     """The policy the goals judge: the first one replayed (the adaptive policy by default)."""
     return settings.policies[0]
-
-
-def goal(name: str, target: float, bound: str, measured: float) -> dict[str, Any]:
-    met = measured >= target if bound == "min" else measured <= target
-    return {"name": name, "target": target, "bound": bound, "measured": measured, "met": met}
 
 
 def goals(report: dict[str, Any], settings: KVCacheBenchSettings) -> list[dict[str, Any]]:

@@ -83,11 +83,11 @@ def test_engine_replay_loads_reused_blocks_from_the_tiers() -> None:
 
 
 @pytest.mark.slow
-def test_the_configured_lfu_meets_the_goals_on_the_shipped_trace(tmp_path: Path) -> None:
-    """The issue's goals with the weights of configs/engine.yaml at the default sizes: above LRU at every one,
-    and 95% of the bound at the configured size."""
+def test_the_configured_policy_meets_the_goals_on_the_held_out_half(tmp_path: Path) -> None:
+    """The issue's goals with configs/engine.yaml's policy at the default sizes, on the trace's second half (the
+    first tunes the fixed LFU's decay): at least LRU's hit ratio at every size, and 95% of the bound at the
+    configured size; the smaller sizes cannot hold the half."""
     settings = KVCacheBenchSettings()
     report = run_benchmark(settings, tmp_path)
-    assert settings.sizes[-1] < report["distinct_blocks"]  # no size holds the whole trace
-    assert report["goals"]["lfu_above_lru_at_every_size"], report["hit_ratio"]
-    assert report["goals"]["configured_reaches_bound_share"]
+    assert settings.configured_blocks < report["distinct_blocks"]
+    assert [g["name"] for g in report["goals"] if not g["met"]] == [], (report["goals"], report["hit_ratio"])
