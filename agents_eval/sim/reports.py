@@ -177,7 +177,8 @@ def swing(args: argparse.Namespace) -> Report:
     workers = sw.base_workers(base)
     static_prefill = sw.static_split(runs["controller"], workers)
     static = f"fixed {static_prefill}P/{workers - static_prefill}D"
-    shift_rows = sr.shifts(runs["controller"], load.plan, args.warmup, workers)
+    fixed = [runs[name] for name in runs if name.startswith("fixed")]
+    shift_rows = sr.shifts(runs["controller"], load.plan, args.warmup, workers, sr.demands_capacity(fixed, load.plan))
     move_rows = sr.moves(runs["controller"], load.plan)
     rows = sr.configurations(runs, static)
     goal_rows = sr.goals(shift_rows, move_rows, rows, static)
@@ -186,7 +187,7 @@ def swing(args: argparse.Namespace) -> Report:
                                                    "warmup_s": load.warmup_s, "sessions": len(load.sessions()),
                                                    "windows": load.plan.schedule()},
             "shifts": shift_rows, "moves_per_window": move_rows, "configurations": rows, "static": static,
-            "planned": sw.best_split_per_window([runs[n] for n in rows if n.startswith("fixed")]),
+            "planned": sw.best_split_per_window(fixed),
             "goals": goal_rows, "wall_s": time.monotonic() - started,
             "summary": {g["name"]: g["met"] for g in goal_rows},
             "notes": [sr.NOTE]}

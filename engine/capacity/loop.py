@@ -105,7 +105,8 @@ class CapacityLoop:
     def snapshot(self, now: float, shift: Shift | None = None) -> LoadSnapshot:
         alive = [w for w in self.workers if w.alive]
         loads = tuple(WorkerLoad(w.worker_id, w.role, w.stats.running, w.stats.prefill_tokens_waiting,
-                                 w.stats.decode_streams, w.switched_at or None) for w in alive)
+                                 w.stats.decode_streams, w.switched_at or None,
+                                 kv_usage=w.stats.kv_usage) for w in alive)
         tpot = _mean(role_figures(DECODE, [(w.role, w.stats.decode_step_s) for w in alive]))
         rate = _mean(role_figures(PREFILL, [(w.role, w.stats.prefill_tokens_per_s) for w in alive]))
         line = mean_line(role_figures(DECODE, [(w.role, w.stats.decode_line) for w in alive]))

@@ -48,19 +48,16 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from engine.capacity.demand import Demand, decode_workers, demand
 from engine.capacity.settings import CapacitySettings, check_split
 from engine.capacity.signals import DECODE, PREFILL, LoadSnapshot, WorkerLoad
+
+__all__ = ["CapacityPolicy", "Decision", "Demand", "Move", "decode_workers", "demand"]
 
 
 class Move(NamedTuple):
     worker_id: int
     role: str  # the new role
-
-
-@dataclass(frozen=True)
-class Demand:
-    prefill: float  # workers the prefill load keeps busy
-    decode: float
 
 
 @dataclass(frozen=True)
@@ -72,89 +69,14 @@ class Decision:
     demand: Demand
 
 
-def decode_s_per_token(snapshot: LoadSnapshot, settings: CapacitySettings) -> float:
-    """Worker seconds per output token of one stream: the step time over the streams per decoding worker."""
-    streams = [w.decode_streams for w in snapshot.workers if w.decode_streams]
-    if not snapshot.tpot_s or not streams:
-        return settings.decode_s_per_token
-    return snapshot.tpot_s * len(streams) / sum(streams)
-
-
-def decode_line(snapshot: LoadSnapshot, settings: CapacitySettings) -> tuple[float, float]:
-    """A decode step's seconds against its streams, (base_s, per_stream_s): the workers' fitted line, else a line
-    through 0 at the measured (or assumed) seconds per token, which no batch size makes cheaper."""
-    return snapshot.decode_line or (0.0, decode_s_per_token(snapshot, settings))
-
-
-def decode_workers(streams: float, line: tuple[float, float], target_tpot_s: float) -> float:
-    """Decode workers `streams` keep busy at the target: spread over d workers each steps in base + per x
-    streams / d, which meets the target from d = per x streams / (target - base) on. A stream is decoded on one
-    worker, so it keeps at most one busy (also where the base alone misses the target)."""
-    base, per_stream = line
-    headroom = target_tpot_s - base
-    if headroom <= 0:
-        return streams
-    return min(streams, per_stream * streams / headroom)
-
-
-def demand(snapshot: LoadSnapshot, settings: CapacitySettings) -> Demand:
-    horizon, drain_s = settings.forecast_horizon_s, settings.prefill_drain_s
-    prefill_s_per_token = 1.0 / (snapshot.prefill_tokens_per_s or settings.prefill_tokens_per_s)
-    remote, prompts, local = _prefill_split(snapshot)
-    prefill = prefill_s_per_token * remote / drain_s
-    if prompts is not None:  # one prompt is prefilled on one worker: it keeps at most that one busy
-        prefill = min(prefill, prompts)
-    share = 1.0 if snapshot.routed is None else snapshot.routed.remote_share  # forecast turns go as recent ones
-    prefill += share * prefill_s_per_token * snapshot.forecast_prefill_tokens / horizon
-    local_s = prefill_s_per_token * (local / drain_s + (1 - share) * snapshot.forecast_prefill_tokens / horizon)
-    decode_tokens_per_s = _decode_owed(snapshot, settings) + snapshot.forecast_decode_tokens / horizon
-    streams = decode_tokens_per_s * settings.target_tpot_s  # each owed a token every target_tpot_s
-    decode = decode_workers(streams, decode_line(snapshot, settings), settings.target_tpot_s)
-    return Demand(prefill, max(decode + local_s, _slot_workers(snapshot)))
-
-
-def _slot_workers(snapshot: LoadSnapshot) -> float:
-    """Decode workers the requests need for their slots alone: a worker runs at most `max_streams_per_worker` at
-    once and the rest wait, however cheap their steps. (At 12 swe sessions/s on one decode worker of 64 slots, the
-    simulator's 120-140 requests read 0.7 workers by the TPOT line and compute, while half of them waited.)"""
-    cap = snapshot.max_streams_per_worker
-    if not cap:
-        return 0.0
-    admitted = snapshot.admitted
-    requests = admitted.streams if admitted is not None else sum(
-        w.running for w in snapshot.workers if w.role == DECODE)
-    return requests / cap
-
-
-def _prefill_split(snapshot: LoadSnapshot) -> tuple[int, int | None, int]:
-    """(prompt tokens for the prefill workers, at most how many prompts they are, prompt tokens the decode
-    workers prefill themselves and count as their load). The router's split where it reports one; else the
-    admitted work's prompt tokens, or the workers' queues, less the prompt tokens queued on decode workers,
-    which count for neither role (a worker's queue would change sides with its role, and a move invite its
-    reversal)."""
-    routed, admitted = snapshot.routed, snapshot.admitted
-    if routed is not None:
-        return routed.remote_tokens, routed.remote_prompts, routed.local_tokens
-    queued_local = sum(w.waiting_prefill_tokens for w in snapshot.workers if w.role == DECODE)
-    backlog = snapshot.prefill_tokens_waiting if admitted is None else admitted.prefill_tokens
-    return max(0, backlog - queued_local), None if admitted is None else admitted.prompts, 0
-
-
-def _decode_owed(snapshot: LoadSnapshot, settings: CapacitySettings) -> float:
-    """Output tokens owed per second: a token every target_tpot_s per stream; an admitted stream no faster than
-    its expected output spread over the forecast horizon."""
-    admitted = snapshot.admitted
-    if admitted is None:
-        return snapshot.decode_streams / settings.target_tpot_s
-    return min(admitted.streams / settings.target_tpot_s, admitted.decode_tokens / settings.forecast_horizon_s)
-
-
 def _margin_steps(need: Demand, prefill: int, decode: int, settings: CapacitySettings) -> int:
     """Workers to move to prefill (negative: to decode). One more moves only while the role taking it, before it
     joins, has more demand than workers (it misses its latency target) and more demand per worker than the giving
-    role will have after it leaves, by over `demand_margin`."""
+    role will have after it leaves, by over `demand_margin`. Decode never gives a worker its held KV needs: memory
+    is not a rate that a busier worker catches up on, a history that does not fit is recomputed."""
     floor, margin = settings.min_per_role, settings.demand_margin
-    to_prefill = _steps(need.prefill, prefill, need.decode, decode, floor, margin)
+    memory_floor = max(floor, math.ceil(round(need.decode_memory, 6)))  # the decode workers its held KV fills
+    to_prefill = _steps(need.prefill, prefill, need.decode, decode, memory_floor, margin)
     return to_prefill or -_steps(need.decode, decode, need.prefill, prefill, floor, margin)
 
 
@@ -232,7 +154,7 @@ class CapacityPolicy:
         at, old = self._smoothed
         weight = 1.0 - math.exp(-max(0.0, now - at) / tau)
         smoothed = Demand(old.prefill + weight * (need.prefill - old.prefill),
-                          old.decode + weight * (need.decode - old.decode))
+                          old.decode + weight * (need.decode - old.decode), need.decode_memory)
         self._smoothed = (now, smoothed)
         return smoothed
 

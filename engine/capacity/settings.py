@@ -30,6 +30,7 @@ class CapacitySettings(YamlSettings):
     target_tpot_s: Positive = 0.05
     prefill_drain_s: Positive = 0.5
     demand_smoothing_s: NonNegative = 2.0
+    kv_target_usage: Annotated[float, Field(gt=0, le=1)] = 0.9
     forecast_horizon_s: Positive = 1.0
     prefill_tokens_per_s: Positive = 10000.0
     decode_s_per_token: Positive = 0.005

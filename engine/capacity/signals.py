@@ -28,6 +28,7 @@ class WorkerLoad:
     last_switch_at: float | None = None  # when its role last changed; None: never
     prefill_tokens_per_s: float | None = None  # its measured prefill rate; None until it prefilled
     prefill_stall_tokens_per_s: float | None = None  # what prompt tokens add to its decoding steps (StallFit)
+    kv_usage: float | None = None  # share of its KV blocks held (running requests, pinned histories); None: unknown
 
     @property
     def stall_tokens_per_s(self) -> float | None:

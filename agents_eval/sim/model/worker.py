@@ -117,7 +117,7 @@ class SimWorker:
         streams = sum(1 for s in sched.running if s.num_uncomputed_tokens <= 1)
         return WorkerLoad(self.worker_id, self.role, len(sched.running) + len(sched.waiting) + self.incoming,
                           waiting, streams, self.last_switch_at, self.prefill_tokens_per_s,
-                          self.rates.prefill_stall_tokens_per_s or None)
+                          self.rates.prefill_stall_tokens_per_s or None, sched.kv.usage)
 
     def notify(self) -> None:
         self._load = None

@@ -13,12 +13,13 @@ from agents_eval.bench.capacity.simulated import move_events
 from agents_eval.bench.capacity.swing import RunResult
 from agents_eval.harness.report import Table
 from agents_eval.sim.model.records import Decided, RunLog
-from agents_eval.sim.swing.runs import SwingPlan, SwingRun
+from agents_eval.sim.swing.runs import SwingPlan, SwingRun, best_split_per_window
 
 GOAL_MS, AIM_MS = 500.0, 100.0
 MAX_MOVES_PER_ROLE = 1
 GOODPUT_OVER_STATIC = 1.6  # DynaServe reports 1.61-1.91x over a static split on mixed phases
 SIGNALS = ("admission", "smoothing", "hold", "drain")
+DEMAND_GAIN = 0.01  # a shift demands capacity where moving buys at least this much SLO attainment in its window
 NOTE = ("Simulated: the capacity controller (engine.capacity.policy), the KV-aware router and the engine's "
         "scheduler on a roofline cost model of each node. A shift's latency runs from its window's start: "
         "`demand asks` when the gateway's admitted demand per worker first favours the new window's role "
@@ -27,24 +28,43 @@ NOTE = ("Simulated: the capacity controller (engine.capacity.policy), the KV-awa
         "when the moved worker serves in its new role (drain: its current step, then role_switch_s). planned: at "
         "each window's start, the fixed split that met the SLO most often in that window (ties: lower p99 TTFT). "
         "static: the fixed split closest to the controller's average demand. Goodput: requests meeting both SLO "
-        "targets per second.")
+        "targets per second. A shift demands capacity where the split that served the window before it best has "
+        "fewer workers in the new phase's role than the new window's best and meets the SLO in it at least 1% less "
+        "often; the shift goals judge those shifts (elsewhere the right move is none, judged by the moves).")
 
 
-def shifts(run: SwingRun, plan: SwingPlan, warmup_s: float, workers: int) -> list[dict[str, Any]]:
+def demands_capacity(fixed: list[SwingRun], plan: SwingPlan) -> list[bool]:
+    """Per window, whether the shift into it demands capacity, a property of the swing and not of the controller:
+    the fixed split that served the window before it best (the planned oracle's) has fewer workers in the new
+    window's role than the split that serves the new window best, and meets the SLO in it at least `DEMAND_GAIN`
+    less often. Elsewhere the split that served the last window serves this one about as well, and the right
+    move is none. `fixed` is ordered by prefill workers, from 1."""
+    best, rows = best_split_per_window(fixed), [False]
+    for index in range(1, len(plan.windows)):
+        held, wanted = best[index - 1], best[index]
+        towards = wanted > held if plan.windows[index].phase == "think" else wanted < held
+        gain = fixed[wanted - 1].windows[index]["attainment"] - fixed[held - 1].windows[index]["attainment"]
+        rows.append(towards and gain >= DEMAND_GAIN)
+    return rows
+
+
+def shifts(run: SwingRun, plan: SwingPlan, warmup_s: float, workers: int, demanded: list[bool] | None = None
+           ) -> list[dict[str, Any]]:
     """Per shift after the warm-up: ms from its window's start to the admitted demand asking for the new role
     (its demand per worker above the other role's), the policy's target moving that way, the move, and the moved
     worker serving in its new role; and the signal that took longest (admission: the demand's change; smoothing:
     the demand margin; hold: hold_s; drain: the worker's current step and its switch)."""
     result = _as_bench_result(run, plan)
     rows = []
-    for row, window in zip(reallocations(result), plan.windows[1:], strict=True):
+    demanded = demanded or [True] * len(plan.windows)
+    for row, window, asks in zip(reallocations(result), plan.windows[1:], demanded[1:], strict=True):
         if window.start_s < warmup_s:
             continue
         flip, ask = _asked(run.decisions, window.start_s, window.end_s, ROLE_FOR[window.phase], workers)
         times = {"demand_ms": _ms(flip, window.start_s), "target_ms": _ms(ask, window.start_s),
                  "move_ms": _scaled(row["decision_s"]), "serving_ms": _scaled(row["serving_s"])}
         rows.append({"shift_to": window.phase, "at_s": window.start_s, "window_s": window.end_s - window.start_s,
-                     **times, **_late(times, window.end_s - window.start_s)})
+                     "demands_capacity": asks, **times, **_late(times, window.end_s - window.start_s)})
     return rows
 
 
@@ -108,7 +128,8 @@ def configurations(runs: dict[str, SwingRun], static: str) -> dict[str, dict[str
 
 def goals(shift_rows: list[dict[str, Any]], move_rows: list[dict[str, Any]], rows: dict[str, dict[str, Any]],
           static: str) -> list[dict[str, Any]]:
-    served = [r["serving_ms"] if r["serving_ms"] is not None else 1000 * r["window_s"] for r in shift_rows]
+    served = [r["serving_ms"] if r["serving_ms"] is not None else 1000 * r["window_s"] for r in shift_rows
+              if r.get("demands_capacity", True)]  # a shift that asks for no move is judged by moves alone
     fixed = {k: v for k, v in rows.items() if k.startswith("fixed")}
     best = max(fixed.values(), key=lambda v: v["goodput_rps"])
     controller = rows["controller"]
@@ -142,9 +163,10 @@ def tables(shift_rows: list[dict[str, Any]], move_rows: list[dict[str, Any]], ro
     def ms(value: float | None) -> str:
         return "-" if value is None else f"{value:,.0f}"
 
-    shift_cells = [[f"to {r['shift_to']} at {r['at_s']:.1f} s", ms(r["demand_ms"]), ms(r["target_ms"]),
+    shift_cells = [[f"to {r['shift_to']} at {r['at_s']:.1f} s", "yes" if r.get("demands_capacity", True) else "no",
+                    ms(r["demand_ms"]), ms(r["target_ms"]),
                     ms(r["move_ms"]), ms(r["serving_ms"]),
-                    "-" if r["late_signal"] is None else f"{r['late_signal']} (+{r['missed_by_ms']:,.0f} ms)"]
+                    _late_cell(r)]
                    for r in shift_rows]
     config_cells = [[name + (" (static: sized for the average)" if v["static"] else ""), f"{v['attainment']:.3f}",
                      f"{v['goodput_rps']:.1f}", ms(1000 * v["ttft_p99_s"]), ms(1000 * v["tpot_p99_s"]), str(v["moves"])]
@@ -153,11 +175,18 @@ def tables(shift_rows: list[dict[str, Any]], move_rows: list[dict[str, Any]], ro
     goal_cells = [[g["name"], str(g["target"]), g["bound"], "-" if g["measured"] is None else f"{g['measured']:.3g}",
                    "met" if g["met"] else "missed"] for g in goal_rows]
     return [Table("Goals", ["goal", "target", "bound", "measured", ""], goal_cells),
-            Table("Shifts (ms from the window's start)", ["shift", "demand asks", "target moves", "move",
+            Table("Shifts (ms from the window's start)", ["shift", "demands capacity", "demand asks", "target moves",
+                                                          "move",
                                                           "serving in new role", "late signal"], shift_cells),
             Table("Configurations", ["configuration", "SLO attainment", "goodput req/s", "p99 TTFT ms",
                                      "p99 TPOT ms", "moves"], config_cells),
             Table("Controller moves per window", ["window", "into prefill", "into decode"], move_cells)]
+
+
+def _late_cell(row: dict[str, Any]) -> str:
+    if not row.get("demands_capacity", True):
+        return "(no move demanded)"
+    return "-" if row["late_signal"] is None else f"{row['late_signal']} (+{row['missed_by_ms']:,.0f} ms)"
 
 
 def summary_of(runs: dict[str, SwingRun]) -> dict[str, Any]:

@@ -56,3 +56,17 @@ def test_goals_are_the_report_lists() -> None:
     assert [set(g) for g in goals] == [{"name", "target", "bound", "measured", "met"}] * 6
     assert all(g["bound"] in ("min", "max") and isinstance(g["met"], bool) for g in goals)
     assert rows["fixed 1P/2D"]["static"] and rows["planned"]["goodput_rps"] > 0
+
+
+def _fixed(name: str, attainments: tuple[float, ...]) -> sw.SwingRun:
+    windows = [{"requests": 100, "attainment": a, "goodput_rps": a, "ttft_p99_s": 0.1} for a in attainments]
+    return sw.SwingRun(name, summary=None, windows=windows)  # type: ignore[arg-type]
+
+
+def test_a_shift_demands_capacity_only_where_moving_buys_attainment() -> None:
+    """Windows act, think, act, think: 2P/1D serves the first think window 0.2 better (a move demanded), the
+    second only 0.005 better (within DEMAND_GAIN: staying is right); back in act 1P/2D is 0.3 better."""
+    plan = sw.SwingPlan((sw.SwingWindow(0, 30, "act", 1.0), sw.SwingWindow(30, 60, "think", 1.0),
+                         sw.SwingWindow(60, 90, "act", 1.0), sw.SwingWindow(90, 120, "think", 1.0)))
+    fixed = [_fixed("fixed 1P/2D", (1.0, 0.8, 1.0, 0.995)), _fixed("fixed 2P/1D", (0.9, 1.0, 0.7, 1.0))]
+    assert swing_report.demands_capacity(fixed, plan) == [False, True, True, False]

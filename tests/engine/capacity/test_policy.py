@@ -368,3 +368,30 @@ def test_the_router_reports_a_prompt_from_its_placement_to_its_first_token() -> 
     routed.done("c")
     work = routed.work()
     assert work is not None and (work.remote_tokens, work.remote_prompts, work.local_tokens) == (0, 0, 0)
+
+
+def _with_kv(snap: LoadSnapshot, usage: float) -> LoadSnapshot:
+    """Every decode worker holding `usage` of its KV blocks (running requests and pinned histories)."""
+    return replace(snap, workers=tuple(replace(w, kv_usage=usage) if w.role == D else w for w in snap.workers))
+
+
+def test_decode_never_gives_a_worker_its_held_kv_needs(policy: CapacityPolicy) -> None:
+    """A prefill burst of 3 workers on PDDDD moves decode workers only while the rest hold the decode KV at
+    kv_target_usage (0.9): at 0.5 held on each of 4 (2.2 workers of KV) one may go (3 left), at 0.7 (3.1 workers)
+    none. (In the simulated 27B-MoE swing, moving two decode nodes to prefill on such bursts filled the other
+    two's KV; the evicted histories came back as prefill demand, and the controller moved 4-20 times a window.)"""
+    burst = snapshot("PDDDD", routed=RoutedWork(15000, 3), admitted=AdmittedWork(15000, 40, 4, 3))
+    assert policy.decide(burst).moves == (Move(1, P), Move(2, P))  # no KV reported: compute alone
+    half = _with_kv(burst, 0.5)
+    assert demand(half, policy.settings).decode_memory == pytest.approx(4 * 0.5 / 0.9)
+    assert policy.decide(half).moves == (Move(1, P),)
+    assert policy.decide(_with_kv(burst, 0.7)).moves == ()
+
+
+def test_decode_kv_past_its_target_takes_a_worker_back(policy: CapacityPolicy) -> None:
+    """Decode workers whose KV is full (histories being evicted) are over their target by the memory alone, and
+    an idle prefill worker moves to decode however cheap the streams' steps are."""
+    full = _with_kv(snapshot("PPDD", streams=4, admitted=AdmittedWork(0, 40, 4, 0), routed=RoutedWork()), 1.0)
+    need = demand(full, policy.settings)
+    assert need.decode == pytest.approx(2 / 0.9) and need.decode_memory == need.decode
+    assert policy.decide(full).moves == (Move(0, D),)
