@@ -113,7 +113,11 @@ def _late(times: dict[str, float | None], window_s: float) -> dict[str, Any]:
 
 
 def moves(run: SwingRun, plan: SwingPlan) -> list[dict[str, Any]]:
-    return moves_per_window(_as_bench_result(run, plan))
+    """Moves per role per window; the moves after the swing's end, while its last requests drain, belong to no
+    window (the benchmark's last window runs on to the end of its run)."""
+    result = _as_bench_result(run, plan)
+    result.events = [e for e in result.events if e["at"] < plan.duration_s]
+    return moves_per_window(result)
 
 
 def configurations(runs: dict[str, SwingRun], static: str) -> dict[str, dict[str, Any]]:

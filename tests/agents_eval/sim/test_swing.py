@@ -4,6 +4,7 @@ an act window, a think window whose prompts keep more than one prefill node busy
 from __future__ import annotations
 
 from agents_eval.sim.model.config import ClusterConfig, cluster_config
+from agents_eval.sim.model.records import RoleChange
 from agents_eval.sim.swing import report as swing_report
 from agents_eval.sim.swing import runs as sw
 
@@ -70,3 +71,10 @@ def test_a_shift_demands_capacity_only_where_moving_buys_attainment() -> None:
                          sw.SwingWindow(60, 90, "act", 1.0), sw.SwingWindow(90, 120, "think", 1.0)))
     fixed = [_fixed("fixed 1P/2D", (1.0, 0.8, 1.0, 0.995)), _fixed("fixed 2P/1D", (0.9, 1.0, 0.7, 1.0))]
     assert swing_report.demands_capacity(fixed, plan) == [False, True, True, False]
+
+
+def test_moves_after_the_swings_end_belong_to_no_window() -> None:
+    plan = sw.SwingPlan((sw.SwingWindow(0, 30, "act", 1.0), sw.SwingWindow(30, 60, "think", 1.0)))
+    changes = [RoleChange(40.0, 1, "prefill"), RoleChange(70.0, 2, "prefill"), RoleChange(71.0, 3, "prefill")]
+    run = sw.SwingRun("controller", summary=None, windows=[], role_changes=changes)  # type: ignore[arg-type]
+    assert [(r["prefill"], r["decode"]) for r in swing_report.moves(run, plan)] == [(0, 0), (1, 0)]
