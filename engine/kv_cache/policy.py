@@ -172,11 +172,11 @@ class LruPolicy:
 def make_policy(name: PolicyName, weights: LfuWeights | None = None, capacity: int = 0) -> EvictionPolicy:
     """`capacity` (blocks of the cache the policy serves) sizes the adaptive policy's shadow caches."""
     if name == "adaptive":
-        from engine.kv_cache.adaptive import AdaptivePolicy, candidate_factories  # it builds on this module
+        from engine.kv_cache.adaptive import AdaptivePolicy
 
         if capacity <= 0:
             raise ValueError("the adaptive eviction policy needs the cache's capacity in blocks")
-        return AdaptivePolicy(capacity, candidate_factories(weights))
+        return AdaptivePolicy(capacity)
     if name == "lfu":
         return LfuPolicy(weights)
     if name == "lru":
