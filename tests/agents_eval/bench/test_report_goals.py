@@ -13,8 +13,6 @@ import agents_eval.bench
 BENCH_ROOT = Path(agents_eval.bench.__file__).parent
 WRITES_REPORT = re.compile(r"\bwrite_report\(|\bJSON_NAME\b")
 GOALS_KEY = re.compile(r"""["']goals["']\s*[\]:]""")
-# Known gaps, in benches other engineers own; each is a strict xfail, so closing it shows here
-WITHOUT_GOALS = {"upstream": "the upstream bench's report has no goals list yet (its owner's issue)"}
 
 
 def _sources(folder: Path) -> str:
@@ -30,7 +28,5 @@ def test_the_walk_finds_the_benches() -> None:
 
 
 @pytest.mark.parametrize("bench", BENCHES)
-def test_every_report_carries_a_goals_list(bench: str, request: pytest.FixtureRequest) -> None:
-    if bench in WITHOUT_GOALS:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=WITHOUT_GOALS[bench]))
+def test_every_report_carries_a_goals_list(bench: str) -> None:
     assert GOALS_KEY.search(_sources(BENCH_ROOT / bench)), f"agents_eval/bench/{bench} writes no goals list"
