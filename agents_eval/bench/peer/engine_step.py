@@ -12,7 +12,13 @@ import os
 import statistics
 import time
 
-from agents_eval.bench.peer.settings import AGENTSERVE_QUANTIZED, CONFIG_ENV, PeerSettings, agentserve_env
+from agents_eval.bench.peer.settings import (
+    AGENTSERVE_DEFAULTS,
+    AGENTSERVE_QUANTIZED,
+    CONFIG_ENV,
+    PeerSettings,
+    agentserve_env,
+)
 from engine.config import EngineSettings
 from engine.core.llm_engine import LLMEngine
 from engine.core.sampling.sampler import SamplingParams
@@ -43,7 +49,7 @@ def decode_steps_s(engine: LLMEngine, context: int, tokens: int) -> list[float]:
 def main() -> None:
     defaults = PeerSettings()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=AGENTSERVE_QUANTIZED, choices=sorted(CONFIG_ENV))
+    parser.add_argument("--config", default=AGENTSERVE_QUANTIZED, choices=sorted([*CONFIG_ENV, AGENTSERVE_DEFAULTS]))
     parser.add_argument("--model", default=defaults.model)
     parser.add_argument("--threads", type=int, default=defaults.threads)
     parser.add_argument("--context", type=int, default=60, help="prompt tokens before decoding")
