@@ -249,3 +249,19 @@ def test_engine_step_times_each_decode_step(monkeypatch: pytest.MonkeyPatch) -> 
         assert not engine.has_unfinished()
     finally:
         engine.shutdown()
+
+
+def test_engine_step_profile_splits_each_step_by_stage(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--profile`: the stages and the rest add up to the wall step; attention ran in every step."""
+    from agents_eval.bench.peer import engine_step
+
+    monkeypatch.setattr(engine_step.os, "environ", dict(engine_step.os.environ))
+    engine = engine_step.engine_for(AGENTSERVE_FP32, "tiny", 1)
+    try:
+        split = engine_step.profile_steps(engine, context=20, tokens=4)
+    finally:
+        engine.shutdown()
+    stages = {name for name, _ in engine_step.STAGES} | {"other ops"}
+    parts = sum(value for name, value in split.items() if name in stages) + split["outside any op"]
+    assert parts == pytest.approx(split["wall step"])
+    assert split["attention"] > 0 and split["ops per step"] > 1
