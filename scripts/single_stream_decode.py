@@ -65,7 +65,8 @@ def main() -> None:
         engine.shutdown()
         print(f"round {round_index}: served {served['tokens_per_s']:.1f} tok/s (its engine: step "
               f"{served['step_s'] * 1e3:.1f} ms, on a core {served['cpu_s'] * 1e3:.1f} ms, gap between steps "
-              f"{served['gap_s'] * 1e3:.1f} ms, {served['steps']} steps; means: step {served['mean_step_s'] * 1e3:.1f} ms, "
+              f"{served['gap_s'] * 1e3:.1f} ms, {served['steps']} steps; means: step "
+              f"{served['mean_step_s'] * 1e3:.1f} ms, "
               f"gap {served['mean_gap_s'] * 1e3:.1f} ms); in-process step {in_process * 1e3:.1f} ms "
               f"({1 / in_process:.1f} tok/s); 1-minute load {os.getloadavg()[0]:.2f}", flush=True)
 
