@@ -45,6 +45,7 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> BenchResult:
 def test_report_files_hold_the_figures(bench: BenchResult) -> None:
     files = bench.files
     assert json.loads(files.json.read_text())["figures"] == bench.report["figures"]
+    assert bench.report["rounds_done"] == SETTINGS.rounds  # rewritten after every round; the last has them all
     assert files.chart.read_bytes().startswith(PNG)
     markdown = files.markdown.read_text()
     assert "## Figures" in markdown and AGENTSERVE_FP32 in markdown and AGENTSERVE_BF16 in markdown
