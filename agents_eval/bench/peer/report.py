@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents_eval.bench.peer.settings import AGENTSERVE_DEFAULTS, PEERS, QUANTIZED_CONFIGS
-from agents_eval.harness.report import Table
+from agents_eval.harness.report import Table, check_goals
+from agents_eval.harness.report import goal as harness_goal
 
 
 @dataclass(frozen=True)
@@ -79,11 +80,12 @@ def goal_results(table: Mapping[str, Mapping[str, float]], peer: str | None) -> 
                 continue
             ratio = by_config[config][goal.metric]
             factor = ratio / goal.target_ratio if higher else goal.target_ratio / ratio
-            rows.append({"name": f"{config}: {goal.name.replace('llama.cpp', str(peer))}",
-                         "target": goal.target_ratio, "bound": "min" if higher else "max", "measured": ratio,
-                         "met": factor >= 1.0, "goal": goal.name, "config": config, "metric": goal.metric,
-                         "peer": peer, "value": table[config][goal.metric], "peer_value": table[peer][goal.metric],  # type: ignore[index]
-                         "ratio": ratio, "target_ratio": goal.target_ratio, "factor": factor})
+            rows.append(harness_goal(f"{config}: {goal.name.replace('llama.cpp', str(peer))}", goal.target_ratio,
+                                     "min" if higher else "max", ratio, goal=goal.name, config=config,
+                                     metric=goal.metric, peer=peer, value=table[config][goal.metric],
+                                     peer_value=table[peer][goal.metric],  # type: ignore[index]
+                                     ratio=ratio, target_ratio=goal.target_ratio, factor=factor))
+    check_goals(rows)
     return rows
 
 
