@@ -2,7 +2,7 @@
 user could pick (deployments.py), each on the same cores, driven by the same agent sessions.
 
 1. The SLO: the calibration deployment (llama-server, else the first one) runs one agent for `light_calls`
-   calls; the SLO is `slo_factor` x its TTFT p90 and TPOT p50 (the model's speed on this host, now).
+   calls; the SLO is `slo_factor` x its TTFT and TPOT p50 (the model's speed on this host, now).
 2. Each deployment in turn (agentserve's and the others interleaved, `--rotate` shifts the order): its light
    load (one agent, the same session), the most concurrent agents it holds within the SLO (90% of a step's
    requests; steps of `window_s`), and the completion time of a fixed batch of sessions started at once.
@@ -52,7 +52,7 @@ def run_closed_loop(settings: ClosedLoopSettings, out_dir: Path) -> tuple[dict[s
     report = {
         "workload": {"name": workload.name, "pool_sessions": len(plan.pool), "settings": workload.settings},
         "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "factor": settings.slo_factor, "from": reference,
-                "how": f"{settings.slo_factor:g} x {reference}'s single-agent TTFT p90 and TPOT p50, "
+                "how": f"{settings.slo_factor:g} x {reference}'s single-agent TTFT p50 and TPOT p50, "
                        "measured at the start of the run", "single_agent": latency(calibration.light.records)},
         "configurations": configs, "goals": goals(configs), "order": list(settings.ordered()),
         "settings": _settings(settings), "machine": machine, "load_average_at_end": list(os.getloadavg()),

@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--batch-sessions", type=int, default=DEFAULTS.batch_sessions)
     group.add_argument("--batch-calls", type=int, default=DEFAULTS.batch_calls, help="calls kept of each")
     group.add_argument("--slo-factor", type=float, default=DEFAULTS.slo_factor,
-                       help="the SLO: this x llama-server's single-agent TTFT p90 and TPOT p50")
+                       help="the SLO: this x llama-server's single-agent TTFT p50 and TPOT p50")
     group.add_argument("--litellm-strategy", default=DEFAULT_STRATEGY, help="LiteLLM router's routing_strategy")
     group.add_argument("--budget", type=float, default=DEFAULTS.budget_s / 60, help="minutes for the whole run")
     group.add_argument("--rotate", type=int, default=0, help="rotate the deployments' order by this many places")
@@ -42,7 +42,8 @@ def closed_loop(args: argparse.Namespace) -> bool:
 def settings_from_args(args: argparse.Namespace) -> ClosedLoopSettings:
     workload = WorkloadOptions(args.workload, args.seed, None, 100.0, None, args.length_scale, args.time_scale)
     options = DeploymentOptions(args.model, args.threads, args.max_agents, client=args.client,
-                                litellm_strategy=args.litellm_strategy, env=dict(args.env))
+                                litellm_strategy=args.litellm_strategy, env=dict(args.env),
+                                request_timeout_s=args.request_timeout)
     settings = ClosedLoopSettings(workload, args.deployments, options, args.window,
                                   batch_sessions=args.batch_sessions, batch_calls=args.batch_calls,
                                   slo_factor=args.slo_factor, request_timeout_s=args.request_timeout,

@@ -41,6 +41,9 @@ LITELLM_UPSTREAMS = "litellm-upstreams"
 DEPLOYMENTS = (*AGENTSERVE_CONFIGS, LLAMA_SERVER, AGENTSERVE_UPSTREAMS, LITELLM_UPSTREAMS)
 AGENTSERVE = (*AGENTSERVE_CONFIGS, AGENTSERVE_UPSTREAMS)  # the goal: agentserve's best against the best other
 UPSTREAMS = 2
+# The gateway waits on a busy upstream as long as the client waits on the gateway (LiteLLM's timeout, 600 s, is
+# longer): on a loaded host a first token can take tens of seconds, and a try cut short is a retry elsewhere.
+PATIENT = ("FIRST_TOKEN_TIMEOUT_S", "REQUEST_BUDGET_S", "STREAM_IDLE_TIMEOUT_S")
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class DeploymentOptions:
     client: str = WS  # the session client of agentserve's session-keeping deployments
     litellm_strategy: str = DEFAULT_STRATEGY
     env: Mapping[str, str] = field(default_factory=dict)  # the user's --env, for agentserve's gateways
+    request_timeout_s: float = 60.0  # the client's
 
 
 @dataclass(frozen=True)
@@ -127,5 +131,7 @@ def _upstream_gateway(options: DeploymentOptions, servers: list[ServerProcess],
                       log_path: Path) -> contextlib.AbstractContextManager[ServerProcess]:
     """The gateway over the servers: session-affine routing (docs/upstream.md), no engine of its own."""
     env = {**COMMON_ENV, "AGENTSERVE_UPSTREAMS": json.dumps([f"{server.url}/v1" for server in servers]),
-           "AGENTSERVE_UPSTREAM__ROUTING": "affinity", "AGENTSERVE_DISAGGREGATED": "false", **options.env}
+           "AGENTSERVE_UPSTREAM__ROUTING": "affinity", "AGENTSERVE_DISAGGREGATED": "false",
+           **{f"AGENTSERVE_UPSTREAM__{key}": str(options.request_timeout_s) for key in PATIENT},
+           "AGENTSERVE_UPSTREAM__HEALTH_TIMEOUT_S": "10", **options.env}
     return running_gateway(options.model, env, log_path)

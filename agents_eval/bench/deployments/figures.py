@@ -33,11 +33,11 @@ def latency(records: Sequence[RequestRecord]) -> dict[str, Any]:
 
 
 def derive_slo(calibration: Sequence[RequestRecord], factor: float) -> Slo:
-    """`factor` x the single agent's TTFT p90 (its first, cold call included) and TPOT p50."""
+    """`factor` x the single agent's TTFT p50 and TPOT p50."""
     figures = latency(calibration)
-    if figures["errors"] or math.isnan(figures["ttft_s_p90"]) or math.isnan(figures["tpot_s_p50"]):
+    if figures["errors"] or math.isnan(figures["ttft_s_p50"]) or math.isnan(figures["tpot_s_p50"]):
         raise RuntimeError(f"the SLO calibration run failed: {[r.error for r in calibration if r.error][:3]}")
-    return Slo(factor * figures["ttft_s_p90"], factor * figures["tpot_s_p50"])
+    return Slo(factor * figures["ttft_s_p50"], factor * figures["tpot_s_p50"])
 
 
 def step_figures(step: Step, slo: Slo) -> dict[str, Any]:

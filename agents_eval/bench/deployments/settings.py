@@ -15,14 +15,14 @@ class ClosedLoopSettings:
     deployments: tuple[str, ...] = DEPLOYMENTS
     options: DeploymentOptions = field(default_factory=DeploymentOptions)
     window_s: float = 30.0  # each agent-count step sends turns for this long
-    light_calls: int = 12  # calls of the one-agent light-load run (and of the SLO calibration)
-    batch_sessions: int = 8  # the fixed batch, all started at once
-    batch_calls: int = 12  # calls kept of each batch session (its first ones)
-    batch_timeout_s: float = 180.0  # a batch not done by then is reported as not completed
+    light_calls: int = 6  # calls of the one-agent light-load run (and of the SLO calibration)
+    batch_sessions: int = 4  # the fixed batch, all started at once
+    batch_calls: int = 6  # calls kept of each batch session (its first ones)
+    batch_timeout_s: float = 150.0  # a batch not done by then is reported as not completed
     slo_factor: float = 5.0  # the SLO: this x the single-agent latency on llama-server, measured at the start
     request_timeout_s: float = 60.0
-    drain_timeout_s: float = 30.0
-    warm_up_turns: int = 3
+    drain_timeout_s: float = 60.0  # a step's requests still running this long after its window: misses
+    warm_up_turns: int = 1
     budget_s: float = 40 * 60.0  # the whole run: each deployment's steps stop within its share
     rotate: int = 0  # the deployments' order, rotated by this many places (runs on a drifting host: vary it)
 
