@@ -47,7 +47,7 @@ def run_closed_loop(settings: ClosedLoopSettings, out_dir: Path) -> tuple[dict[s
         share_s = (settings.budget_s - (time.monotonic() - start)) / len(settings.deployments)
         measured = [_measure(name, name, settings, plan, slo, out_dir, progress, share_s)
                     for name in settings.ordered()]
-    configs = {m.name: deployment_figures(m, plan, slo) for m in measured}
+    configs = {m.name: deployment_figures(m, plan, slo, settings.options.max_agents) for m in measured}
     configs = {name: configs[name] for name in settings.deployments}
     report = {
         "workload": {"name": workload.name, "pool_sessions": len(plan.pool), "settings": workload.settings},

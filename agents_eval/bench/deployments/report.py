@@ -12,11 +12,16 @@ def _ms(value: Any) -> str:
     return "-" if value is None or value != value else f"{value * 1000:.0f}"
 
 
+def _held(figures: dict[str, Any]) -> str:
+    """The most agents held; ">= N" where the time budget stopped the steps first."""
+    return (">= " if figures["agents_held_is_lower_bound"] else "") + str(figures["agents_held"])
+
+
 def _tables(report: dict[str, Any]) -> list[Table]:
     configs = report["configurations"]
-    rows = [[name, str(c["agents_held"]), "-" if c["batch"]["completion_s"] is None else
-             f"{c['batch']['completion_s']:.1f}", _ms(c["light_load"]["per_call_s_p50"]),
-             _ms(c["light_load"]["ttft_s_p50"]), _ms(c["light_load"]["tpot_s_p50"])] for name, c in configs.items()]
+    rows = [[name, _held(c), "-" if c["batch"]["completion_s"] is None else f"{c['batch']['completion_s']:.1f}",
+             _ms(c["light_load"]["per_call_s_p50"]), _ms(c["light_load"]["ttft_s_p50"]),
+             _ms(c["light_load"]["tpot_s_p50"])] for name, c in configs.items()]
     steps = [[name, str(s["agents"]), "yes" if s["held"] else "no", f"{s['slo_attainment']:.2f}",
               f"{s['calls_per_s']:.2f}", _ms(s["ttft_s_p90"]), _ms(s["tpot_s_p90"]), str(s["errors"])]
              for name, c in configs.items() for s in c["steps"]]

@@ -18,7 +18,7 @@ from agents_eval.bench.deployments.closed_loop import (
     most_agents_held,
     run_agents,
 )
-from agents_eval.bench.deployments.figures import goals
+from agents_eval.bench.deployments.figures import cut_short, goals
 from agents_eval.bench.deployments.settings import ClosedLoopSettings, interleaved
 from agents_eval.harness.client import Reply, SessionClient
 from agents_eval.harness.drive import DriveResult, RunLimits, SessionLike
@@ -103,6 +103,14 @@ def test_the_time_budget_stops_the_steps_after_the_first() -> None:
 
     steps = asyncio.run(agents_held(run_step, SLO, 16, may_step=lambda: False))
     assert [step.agents for step in steps] == [1]
+    assert cut_short(steps, 16) and not cut_short(steps, 1)  # held 1: a lower bound unless 1 was the most asked
+
+
+def test_steps_stopped_by_a_miss_are_not_cut_short() -> None:
+    async def run_step(agents: int) -> DriveResult:
+        return step_result(agents, 5)
+
+    assert not cut_short(asyncio.run(agents_held(run_step, SLO, 16)), 16)
 
 
 def test_deployments_run_interleaved_and_rotated() -> None:
@@ -122,6 +130,7 @@ def test_goals_compare_agentserves_best_with_the_best_other() -> None:
                "llama-server": figures(6, 50.0, 0.20), "litellm-upstreams": figures(4, None, 0.25)}
     agents, batch, light = goals(configs)
     assert agents["measured"] == 1.5 and agents["met"] and agents["ours"] == "agentserve-upstreams"
+    assert agents["lower_bounds"] == []
     assert batch["measured"] == 0.6 and batch["met"] and batch["best_other"] == "llama-server"
     assert math.isclose(light["measured"], 1.05) and light["met"]
     assert not goals({**configs, "llama-server": figures(8, 50.0, 0.1)})[0]["met"]

@@ -37,6 +37,7 @@ def check_report(report: dict, out: Path, deployments: tuple[str, ...]) -> None:
         assert figures["light_load"]["requests"] >= 2 and figures["light_load"]["errors"] == 0
         assert figures["steps"][0]["agents"] == 1 and figures["steps"][0]["requests"] >= 1
         assert figures["batch"]["sessions"] == 2
+        assert isinstance(figures["agents_held_is_lower_bound"], bool)
 
 
 @pytest.mark.slow
