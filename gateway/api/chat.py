@@ -97,8 +97,8 @@ async def _chat_events(gw: GatewayState, body: ChatCompletionRequest, key: Store
                                    len(plan.prompt_token_ids), gw.serving_engine.max_model_len,
                                    gw.settings.default_max_tokens)
         salt = prefix_cache_salt(gw, principal, body.cache_salt)
-        params = [body.sampling_params(gw.sampling, max_tokens, body.logprob_count(), i, principal.slo_class, salt,
-                                       output.grammar)
+        params = [body.sampling_params(gw.sampling, max_tokens, body.logprob_count(), i,
+                                       slo_class=principal.slo_class, cache_salt=salt, grammar=output.grammar)
                   for i in range(body.n)]
         session = plan.session if turn.persistent else None
         stats = turn_stats("chat", plan, turn.persistent)
@@ -136,7 +136,8 @@ async def completions(request: Request) -> Response:
                                COMPLETION_DEFAULT_MAX_TOKENS)
     salt = prefix_cache_salt(gw, principal, body.cache_salt)
     grammar = response_format_grammar(body.response_format, "response_format")
-    params = [body.sampling_params(gw.sampling, max_tokens, body.logprobs, i, principal.slo_class, salt, grammar)
+    params = [body.sampling_params(gw.sampling, max_tokens, body.logprobs, i, slo_class=principal.slo_class,
+                                   cache_salt=salt, grammar=grammar)
               for i in range(body.n)]
     echoed = "" if not body.echo else prompt if isinstance(prompt, str) else gw.tokenizer.decode(
         gw.serving_engine.validate(prompt, params[0]))  # ids out of the vocabulary: 400 before the decoder sees them

@@ -179,7 +179,7 @@ class SamplingFields(RequestBody):
                                       "max_tokens at least as large and no stop strings")
         return value
 
-    def sampling_params(self, defaults: SamplingDefaults, max_tokens: int, logprobs: int | None, choice: int,
+    def sampling_params(self, defaults: SamplingDefaults, max_tokens: int, logprobs: int | None, choice: int, *,
                         slo_class: str | None = None, cache_salt: str | None = None,
                         grammar: GrammarSpec | None = None) -> SamplingParams:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -12,6 +12,7 @@ straddles the trigger's start is no obstacle) and constrains the rest."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -55,10 +56,22 @@ def grammar_text(spec: GrammarSpec) -> str:
 
 
 def check_grammar(spec: GrammarSpec) -> None:
-    """GrammarError naming the problem when the grammar cannot be enforced; needs no tokenizer (cheap)."""
-    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar_text(spec))
-    if failed:
-        raise GrammarError(f"{spec.kind} cannot be enforced: {messages[0]}")
+    """GrammarError naming the problem when the grammar cannot be enforced; needs no tokenizer. Outcomes are
+    cached by spec: a tool_choice "auto" request checks its tools' lazy grammar, usually the same every turn."""
+    problem = _grammar_problem(spec)
+    if problem:
+        raise GrammarError(problem)
+
+
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def _grammar_problem(spec: GrammarSpec) -> str:
+    """Why the grammar cannot be enforced; empty when it can."""
+    try:
+        text = grammar_text(spec)
+    except GrammarError as error:
+        return str(error)
+    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text)
+    return f"{spec.kind} cannot be enforced: {messages[0]}" if failed else ""
 
 
 def json_schema_spec(schema: dict[str, Any]) -> GrammarSpec:

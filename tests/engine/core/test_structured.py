@@ -146,3 +146,23 @@ def test_a_lazy_grammar_rebuilt_from_accepted_tokens_past_its_trigger_constrains
     finally:
         grammars.remove("lazy-past")
         grammars.remove("lazy-before")
+
+
+def test_a_grammar_is_validated_once_per_spec_and_a_bad_one_refused_every_time(monkeypatch):
+    import llguidance
+
+    from engine.core.sampling import grammar
+
+    calls = []
+    validate = llguidance.LLMatcher.validate_grammar_with_warnings
+    monkeypatch.setattr(llguidance.LLMatcher, "validate_grammar_with_warnings",
+                        lambda text: calls.append(text) or validate(text))
+    grammar._grammar_problem.cache_clear()
+    spec = json_schema_spec({"type": "object", "properties": {"n": {"type": "integer"}}})
+    for _ in range(3):
+        grammar.check_grammar(spec)
+    assert len(calls) == 1
+    bad = GrammarSpec("regex", "(unclosed")
+    for _ in range(2):
+        with pytest.raises(GrammarError, match="regex"):
+            grammar.check_grammar(bad)
