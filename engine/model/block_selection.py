@@ -24,6 +24,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from engine.model.mask import QuerySelection
+
 ATTENTION_DECAY = 0.5
 
 
@@ -86,6 +88,17 @@ class BlockSummaries:
         kept = before[:min(len(before), len(shares))] * ATTENTION_DECAY
         known.attended = shares + torch.nn.functional.pad(kept, (0, len(shares) - len(kept)))
         return known.attended
+
+    def chunk_selection(self, request_id: str, selection: QuerySelection, start: int, end: int, block_ids: list[int],
+                        kv_caches: list[torch.Tensor]) -> ChunkSelection | None:
+        """What the layers of a prefill chunk [start, end) pick from, when it follows a history it may skip."""
+        plan = selection.chunk_history(start, end, self.block_size)
+        if plan is None:
+            return None
+        kept, room = plan
+        bounds = None if selection.policy == "attention" else self.bounds(request_id, block_ids[:len(kept)], kv_caches)
+        table = torch.tensor(block_ids[:-(-end // self.block_size)], dtype=torch.long)
+        return ChunkSelection(table, self.block_size, torch.tensor(kept), room, selection.policy, bounds)
 
     def forget(self, request_id: str) -> None:
         self._requests.pop(request_id, None)

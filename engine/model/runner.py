@@ -22,7 +22,7 @@ from engine.model.attention import (
     new_kv_cache,
     span_mask,
 )
-from engine.model.block_selection import BlockSummaries, ChunkSelection, QueryCapture, block_scores
+from engine.model.block_selection import BlockSummaries, QueryCapture, block_scores
 from engine.model.llama import LlamaForCausalLM
 from engine.model.mask import HistoryCounters, MaskedSpan, spans_skipping_blocks
 
@@ -192,7 +192,9 @@ class ModelRunner:
             slot_mapping.append(context[start:])
             slots, mask, visible = _attended(entry.seq, start, end, context)
             blocks = None if visible is None else self._whole_blocks(visible, entry.block_ids)
-            chunk = self._chunk_selection(entry, start, end)
+            chunk = None if entry.seq.selection is None or start >= entry.seq.num_prompt_tokens else \
+                self.summaries.chunk_selection(entry.seq.request_id, entry.seq.selection, start, end, entry.block_ids,
+                                               self.kv_caches)
             if chunk is not None:  # each layer picks the history it reads (block_selection.ChunkSelection)
                 slots, mask, blocks = context, span_mask(start, end - start, _spans(entry.seq)), None
             spans.append(QuerySpan(len(ids) - entry.num_new, entry.num_new, slots, mask, context_blocks=blocks,
@@ -203,20 +205,6 @@ class ModelRunner:
         if to.type != "cpu":
             meta = meta.to(to)
         return torch.tensor(ids, device=to), torch.cat(positions).to(to), meta
-
-    def _chunk_selection(self, entry: _Entry, start: int, end: int) -> ChunkSelection | None:
-        """A `query` or `attention` request's prefill chunk after a long history: what its layers pick from."""
-        seq = entry.seq
-        plan = None if seq.selection is None or start >= seq.num_prompt_tokens else seq.selection.chunk_history(
-            start, end, self.block_size)
-        if plan is None:
-            return None
-        assert seq.selection is not None
-        kept, room = plan
-        bounds = None if seq.selection.policy == "attention" else self.summaries.bounds(
-            seq.request_id, entry.block_ids[:len(kept)], self.kv_caches)
-        table = torch.tensor(entry.block_ids[:-(-end // self.block_size)], dtype=torch.long)
-        return ChunkSelection(table, self.block_size, torch.tensor(kept), room, seq.selection.policy, bounds)
 
     def _whole_blocks(self, visible: torch.Tensor, block_ids: list[int]) -> ContextBlocks | None:
         """The visible context as whole blocks (the last one as far as it goes), or None when a block is

@@ -116,21 +116,39 @@ def _run_batch(engine: LLMEngine, prompts: Sequence[dict[str, VariantPrompt]], p
 def attended_observation_tokens(prompt: VariantPrompt, picks: Sequence[ChunkPicks]) -> float:
     """Observation tokens the answer's first token reads: the masks' count, or, where the last prefill chunk
     picked the history it reads, the mean over layers of what each layer's picks left it."""
-    last = [chunk for chunk in picks if chunk.start < len(prompt.token_ids)][-1:]
-    if not last:
+    chunk = _last_chunk(prompt, picks)
+    if chunk is None:
         return prompt.attended_observation_tokens
-    chunk = last[0]
     history_end = chunk.history_blocks * chunk.block_size
     per_layer = [prompt.picked_observation_tokens(history_end, chunk.attended_positions(layer))
                  for layer in range(len(chunk.attended))]
     return sum(per_layer) / len(per_layer)
 
 
-def _outcome(prompt: VariantPrompt, answer: Answer, expected: str) -> Outcome:
+def asked_observation_read(prompt: VariantPrompt, picks: Sequence[ChunkPicks], target: int) -> float | None:
+    """The share of the asked observation's tokens the answer's first token read, averaged over layers, where the
+    engine picked (None elsewhere): whether a lost answer was lost by the picks or by the model."""
+    chunk = _last_chunk(prompt, picks)
+    if chunk is None:
+        return None
+    start, end = prompt.observation_spans[target]
+    history_end = chunk.history_blocks * chunk.block_size
+    shares = [sum(1 for i in range(start, end) if i >= history_end or i in chunk.attended_positions(layer))
+              / (end - start) for layer in range(len(chunk.attended))]
+    return sum(shares) / len(shares)
+
+
+def _last_chunk(prompt: VariantPrompt, picks: Sequence[ChunkPicks]) -> ChunkPicks | None:
+    last = [chunk for chunk in picks if chunk.start < len(prompt.token_ids)][-1:]
+    return last[0] if last else None
+
+
+def _outcome(prompt: VariantPrompt, answer: Answer, expected: str, target: int) -> Outcome:
     completion = answer.completion
     return Outcome(completion.text, completion.token_ids, prompt.observation_tokens,
                    attended_observation_tokens(prompt, answer.picks), mentions(completion.text, expected),
-                   completion.num_prompt_tokens, completion.num_cached_tokens)
+                   completion.num_prompt_tokens, completion.num_cached_tokens,
+                   asked_observation_read(prompt, answer.picks, target))
 
 
 def measure(settings: QualityBenchSettings, engine_settings: EngineSettings, progress: Progress) -> Measured:
@@ -150,6 +168,7 @@ def measure(settings: QualityBenchSettings, engine_settings: EngineSettings, pro
         batch = slice(first, first + settings.batch)
         completions = _run_batch(engine, prompts[batch], params, lambda n: progress.advance(task, n))
         for transcript, variant_prompts, done in zip(transcripts[batch], prompts[batch], completions, strict=True):
-            outcomes = {v: _outcome(variant_prompts[v], done[v], transcript.answer) for v in VARIANTS}
+            outcomes = {v: _outcome(variant_prompts[v], done[v], transcript.answer, transcript.target)
+                        for v in VARIANTS}
             results.append(TranscriptResult(transcript, outcomes, keep))
     return Measured(results, engine, policies, time.perf_counter() - start)

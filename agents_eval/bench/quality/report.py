@@ -60,7 +60,8 @@ def transcript_entry(result: TranscriptResult) -> dict[str, Any]:
             "variants": {v: {"text": o.text, "token_ids": o.token_ids, "correct": o.correct,
                              "observation_tokens": o.observation_tokens,
                              "attended_observation_tokens": o.attended_observation_tokens,
-                             "prompt_tokens": o.prompt_tokens, "cached_tokens": o.cached_tokens}
+                             "prompt_tokens": o.prompt_tokens, "cached_tokens": o.cached_tokens,
+                             "asked_observation_read": o.asked_read}
                          for v, o in result.outcomes.items()}}
 
 

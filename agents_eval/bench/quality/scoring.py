@@ -45,6 +45,7 @@ class Outcome:
     correct: bool
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens the prefix cache already held (computed by an earlier variant)
+    asked_read: float | None = None  # under the engine's picks: the share of the asked observation read
 
 
 @dataclass(frozen=True)
