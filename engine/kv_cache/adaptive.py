@@ -1,159 +1,149 @@
-"""An eviction policy that adapts to the trace it serves. Pure policy, no torch.
+"""An eviction policy that adapts its balance of recency and frequency to the trace it serves, from the
+misses it would have avoided: ARC's learning (Megiddo and Modha, FAST'03) on an LRU-like order, for chains
+of prefix blocks. Pure policy, no torch.
 
-A fixed LFU decay suits one trace and loses on another: a short decay is recency (LRU), a long one is
-frequency. So the cache runs several candidate policies side by side, LRU and LFU at decays from a minute
-to hours, and evicts by whichever would have hit most on the recent stream of lookups. Each candidate has a
-shadow cache of the real capacity (keys only) that replays the same lookups with that candidate's own
-evictions, and counts its prefix hits; the counts decay over `horizon` cache-capacities of lookups, so the
-choice follows the trace as its shape changes. It is ARC's idea (learn the balance of recency and
-frequency from what misses would have hit) with whole shadow caches instead of ghost lists, so a
-candidate is judged on exactly the hits it would have had. The leader, LRU at first, changes only when
-another candidate's count passes its own by `margin` (5%), so near-ties do not make the cache thrash
-between two orders, and before any candidate has proven better the cache is LRU.
+The cached blocks are split into two lists by use: `recent` (accessed once since they were cached) and
+`frequent` (accessed again), each in order of last access, and each with a ghost list of the keys it lately
+evicted (keys only, at most one capacity each). A victim is the older of the two lists' oldest blocks,
+where the age of a `recent` block is weighted by `recency_weight`. The weight starts at 1, where the
+policy is exactly LRU over leaves. An access to a key in the recent ghosts is a hit the cache would have
+had by keeping once-seen blocks longer, so the weight falls (they age slower); one in the frequent ghosts
+raises it (reused blocks outlive once-seen ones). The step is ARC's: a capacity's worth of ghost hits
+moves the weight across its whole range (`MIN_WEIGHT` to its inverse), scaled up when the other ghost
+list is the longer one. So the balance moves continuously with the evidence, and a trace that gives no
+evidence either way is served as LRU serves it; no whole order is ever switched for another.
 
-Every candidate also tracks the real cache's blocks, so the leader can name a victim among them at once.
-Costs: each lookup is replayed once per candidate (here 2 x 4 policies' work instead of 1).
+Prefix lookups: only the leading keys of a chain that are cached or in a ghost list teach the weight (a
+prefix lookup hits nothing past its first miss, so a ghost there says nothing). As in the LFU, only leaves
+are victims (a block whose chain children are cached stays: a child without its parent is useless to a
+prefix lookup), and VIP blocks never are.
+
+Cost: O(1) per access. A victim is found by scanning at most `SCAN_LIMIT` blocks from each list's old end
+(skipping blocks that are held, VIP or chain heads), and the whole cache only when those are all kept.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Sequence
-from itertools import pairwise
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from itertools import islice
 
-from engine.kv_cache.policy import EvictionPolicy, LfuPolicy, LfuWeights, LruPolicy
-
-CANDIDATE_DECAYS_S = (60.0, 600.0, 6000.0)  # LFU decays tried beside LRU
-HORIZON_CAPACITIES = 4.0  # hit counts decay by e over this many cache-capacities of looked-up blocks
-SWITCH_MARGIN = 0.05  # another candidate leads once its hit count passes the leader's by this share
+MIN_WEIGHT = 1 / 64  # recency_weight stays within [MIN_WEIGHT, 1 / MIN_WEIGHT]
+SCAN_LIMIT = 64  # blocks looked at from each list's old end before scanning the whole cache
 
 
-class ChainLruPolicy(LruPolicy):
-    """LRU that, like the LFU, evicts only leaves: a block whose chain children are tracked stays, since a
-    child without its parent is useless to a prefix lookup (plain LRU would evict a session's head first
-    when its blocks were cached head first, and strand the rest)."""
+def _leading(keys: Sequence[Hashable], present: Callable[[Hashable], bool]) -> int:
+    return next((index for index, key in enumerate(keys) if not present(key)), len(keys))
 
-    def __init__(self) -> None:
-        super().__init__()
+
+class AdaptivePolicy:
+    """See the module docstring. `capacity` (the cache's blocks) sizes the ghost lists and the step."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(1, capacity)
+        # key -> tick of its last access, oldest first
+        self.recent: OrderedDict[Hashable, int] = OrderedDict()
+        self.frequent: OrderedDict[Hashable, int] = OrderedDict()
+        self.recent_ghosts: OrderedDict[Hashable, None] = OrderedDict()
+        self.frequent_ghosts: OrderedDict[Hashable, None] = OrderedDict()
+        self.log_weight = 0.0  # log of recency_weight
+        self.tick = 0  # accesses so far: the clock ages are counted in
+        self.evictable: set[Hashable] = set()
+        self.vip: set[Hashable] = set()
         self.parents: dict[Hashable, Hashable] = {}
         self.children: dict[Hashable, set[Hashable]] = {}
 
+    @property
+    def recency_weight(self) -> float:
+        """How much faster a once-seen block ages than a reused one (1: LRU)."""
+        return math.exp(self.log_weight)
+
     def access(self, key: Hashable, parent: Hashable | None, now: float, vip: bool = False) -> None:
-        super().access(key, parent, now, vip)
+        self._touch(key, vip, learn=parent is None or self._cached(parent))
         self._link(key, parent)
 
     def access_chain(self, keys: Sequence[Hashable], now: float, vip: bool = False) -> None:
-        super().access_chain(keys, now, vip)
-        for parent, key in pairwise(keys):
-            self._link(key, parent)
+        """Tail first, so the head of the chain is the most recent and outlives its tail (as LRU does)."""
+        known = _leading(keys, self._known)
+        for index in reversed(range(len(keys))):
+            self._touch(keys[index], vip, learn=index < known)
+        for index in range(1, len(keys)):
+            self._link(keys[index], keys[index - 1])
 
-    def _link(self, key: Hashable, parent: Hashable | None) -> None:
-        if parent is not None and parent in self.order and key not in self.parents:
-            self.parents[key] = parent
-            self.children.setdefault(parent, set()).add(key)
+    def candidate(self, key: Hashable, evictable: bool) -> None:
+        if evictable and self._cached(key):
+            self.evictable.add(key)
+        else:
+            self.evictable.discard(key)
 
     def victim(self) -> Hashable | None:
-        return next((k for k, ok in self.order.items() if ok and k not in self.vip and not self.children.get(k)),
-                    None)
+        """The older (recent ages weighted) of the two lists' oldest evictable leaves; while this cache hits
+        less than LRU would, a block LRU would not hold, else the oldest leaf (LRU's own order)."""
+        old_recent = self._oldest_eligible(islice(self.recent, SCAN_LIMIT))
+        old_frequent = self._oldest_eligible(islice(self.frequent, SCAN_LIMIT))
+        if old_recent is None and old_frequent is None:
+            old_recent, old_frequent = self._oldest_eligible(self.recent), self._oldest_eligible(self.frequent)
+        if old_recent is None or old_frequent is None:
+            return old_frequent if old_recent is None else old_recent
+        recent_age = (self.tick - self.recent[old_recent]) * self.recency_weight
+        return old_recent if recent_age >= self.tick - self.frequent[old_frequent] else old_frequent
 
     def remove(self, key: Hashable) -> None:
-        super().remove(key)
+        """The block left the cache. A victim's key joins its list's ghosts; a block that was never free to
+        evict (a lookup too long for the cache leaves its tail out) was never cached, and is forgotten."""
+        evicted = key in self.evictable
+        for blocks, ghosts in ((self.recent, self.recent_ghosts), (self.frequent, self.frequent_ghosts)):
+            if blocks.pop(key, None) is not None and evicted:
+                ghosts[key] = None
+                while len(ghosts) > self.capacity:
+                    ghosts.popitem(last=False)
+        self.evictable.discard(key)
+        self.vip.discard(key)
         self.children.pop(key, None)
         parent = self.parents.pop(key, None)
         if parent is not None and parent in self.children:
             self.children[parent].discard(key)
 
-
-def candidate_factories(weights: LfuWeights | None = None,
-                        decays_s: Sequence[float] = CANDIDATE_DECAYS_S) -> list[Callable[[], EvictionPolicy]]:
-    """LRU (leaves only) first, the tie-breaker, then LFU with the given shares at each decay."""
-    base = weights or LfuWeights()
-    lfus = [LfuWeights(decay, base.neighbour_share, base.prefix_share) for decay in decays_s]
-    return [ChainLruPolicy, *[(lambda w=w: LfuPolicy(w)) for w in lfus]]
-
-
-class ShadowCache:
-    """Keys only: what a cache of `capacity` blocks under `policy` would hold, and the hits it would have."""
-
-    def __init__(self, policy: EvictionPolicy, capacity: int) -> None:
-        self.policy = policy
-        self.capacity = capacity
-        self.cached: set[Hashable] = set()
-
-    def lookup(self, keys: Sequence[Hashable], now: float) -> int:
-        """The leading keys found cached (a prefix lookup), then all of them inserted, most useful kept."""
-        hits = next((index for index, key in enumerate(keys) if key not in self.cached), len(keys))
-        self.policy.access_chain(keys, now)
-        self._insert(keys)
-        return hits
-
-    def _insert(self, keys: Sequence[Hashable]) -> None:
-        for key in keys:
-            self.policy.candidate(key, False)
-        for key in keys:
-            if key not in self.cached and not self._make_room():
-                self.policy.remove(key)  # the lookup alone fills the cache: its tail stays out
-                continue
-            self.cached.add(key)
-        for key in keys:
-            if key in self.cached:
-                self.policy.candidate(key, True)
-
-    def _make_room(self) -> bool:
-        if len(self.cached) < self.capacity:
-            return True
-        victim = self.policy.victim()
-        if victim is None:
-            return False
-        self.cached.discard(victim)
-        self.policy.remove(victim)
-        return True
-
-
-class AdaptivePolicy:
-    """Evicts as the candidate with the most (decayed) shadow hits would; see the module docstring."""
-
-    def __init__(self, capacity: int, factories: Sequence[Callable[[], EvictionPolicy]] | None = None,
-                 horizon: float = HORIZON_CAPACITIES, margin: float = SWITCH_MARGIN) -> None:
-        makers = list(factories or candidate_factories())
-        self.live = [make() for make in makers]
-        self.shadows = [ShadowCache(make(), capacity) for make in makers]
-        self.scores = [0.0] * len(makers)
-        self.horizon_blocks = max(1.0, horizon * capacity)
-        self.margin = margin
-        self.leader = 0
-
-    def access(self, key: Hashable, parent: Hashable | None, now: float, vip: bool = False) -> None:
-        for policy in self.live:
-            policy.access(key, parent, now, vip)
-        self._judge([key], now)
-
-    def access_chain(self, keys: Sequence[Hashable], now: float, vip: bool = False) -> None:
-        for policy in self.live:
-            policy.access_chain(keys, now, vip)
-        self._judge(keys, now)
-
-    def candidate(self, key: Hashable, evictable: bool) -> None:
-        for policy in self.live:
-            policy.candidate(key, evictable)
-
-    def victim(self) -> Hashable | None:
-        """The leader's victim; another candidate's where the leader has none (its rules keep every block)."""
-        first = self.live[self.leader].victim()
-        if first is not None:
-            return first
-        return next((key for policy in self.live if (key := policy.victim()) is not None), None)
-
-    def remove(self, key: Hashable) -> None:
-        for policy in self.live:
-            policy.remove(key)
-
-    def _judge(self, keys: Sequence[Hashable], now: float) -> None:
-        if not keys:
+    def _touch(self, key: Hashable, vip: bool, learn: bool) -> None:
+        self.tick += 1
+        if self.recent.pop(key, None) is not None or key in self.frequent:
+            self.frequent.pop(key, None)
+        elif key in self.recent_ghosts:  # kept longer, a once-seen block would have hit
+            del self.recent_ghosts[key]
+            if learn:
+                self._learn(-max(1.0, len(self.frequent_ghosts) / (len(self.recent_ghosts) + 1)))
+        elif key in self.frequent_ghosts:  # kept longer, a reused block would have hit
+            del self.frequent_ghosts[key]
+            if learn:
+                self._learn(max(1.0, len(self.recent_ghosts) / (len(self.frequent_ghosts) + 1)))
+        else:
+            self.recent[key] = self.tick
+            self._mark_vip(key, vip)
             return
-        fade = math.exp(-len(keys) / self.horizon_blocks)
-        for index, shadow in enumerate(self.shadows):
-            self.scores[index] = self.scores[index] * fade + shadow.lookup(keys, now)
-        best = max(range(len(self.scores)), key=self.scores.__getitem__)
-        if self.scores[best] > self.scores[self.leader] * (1 + self.margin):
-            self.leader = best
+        self.frequent[key] = self.tick
+        self._mark_vip(key, vip)
+
+    def _mark_vip(self, key: Hashable, vip: bool) -> None:
+        if vip:
+            self.vip.add(key)
+
+    def _learn(self, ghost_hits: float) -> None:
+        """Move log(recency_weight) by ARC's step per ghost hit: a capacity of hits crosses the range."""
+        bound = -math.log(MIN_WEIGHT)
+        self.log_weight = min(bound, max(-bound, self.log_weight + ghost_hits * 2 * bound / self.capacity))
+
+    def _cached(self, key: Hashable) -> bool:
+        return key in self.recent or key in self.frequent
+
+    def _known(self, key: Hashable) -> bool:
+        return self._cached(key) or key in self.recent_ghosts or key in self.frequent_ghosts
+
+    def _link(self, key: Hashable, parent: Hashable | None) -> None:
+        if parent is not None and self._cached(parent) and key not in self.parents:
+            self.parents[key] = parent
+            self.children.setdefault(parent, set()).add(key)
+
+    def _oldest_eligible(self, keys: Iterable[Hashable]) -> Hashable | None:
+        return next((key for key in keys
+                     if key in self.evictable and key not in self.vip and not self.children.get(key)), None)

@@ -1,5 +1,5 @@
-"""Which cached block to evict: the seed's improved LFU, or LRU (and `adaptive`, which picks between them as
-the trace goes: engine/kv_cache/adaptive.py). Pure policy, no torch.
+"""Which cached block to evict: the seed's improved LFU, or LRU (and `adaptive`, which learns the balance of
+recency and frequency from the trace: engine/kv_cache/adaptive.py). Pure policy, no torch.
 
 LFU score of a block (all terms decay by exp(-age / decay_s), so recency is part of frequency):
     score = accesses + neighbour_share x accesses of its chain children + prefix_share x new sequences
@@ -170,13 +170,14 @@ class LruPolicy:
 
 
 def make_policy(name: PolicyName, weights: LfuWeights | None = None, capacity: int = 0) -> EvictionPolicy:
-    """`capacity` (blocks of the cache the policy serves) sizes the adaptive policy's shadow caches."""
+    """`weights` are the LFU's; `capacity` (blocks of the cache the policy serves) sizes the adaptive policy's
+    ghost lists and its learning step."""
     if name == "adaptive":
-        from engine.kv_cache.adaptive import AdaptivePolicy, candidate_factories  # it builds on this module
+        from engine.kv_cache.adaptive import AdaptivePolicy
 
         if capacity <= 0:
             raise ValueError("the adaptive eviction policy needs the cache's capacity in blocks")
-        return AdaptivePolicy(capacity, candidate_factories(weights))
+        return AdaptivePolicy(capacity)
     if name == "lfu":
         return LfuPolicy(weights)
     if name == "lru":

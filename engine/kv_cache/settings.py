@@ -12,7 +12,7 @@ from engine.kv_cache.policy import LfuWeights, PolicyName
 class KVCacheSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    eviction: PolicyName = "adaptive"  # adaptive: LRU or LFU at one of several decays, whichever the trace favours
+    eviction: PolicyName = "adaptive"  # adaptive: recency/frequency balance learned from ghost hits (ARC-style)
     decay_s: float = Field(default=600.0, gt=0)  # `lfu` only: scores decay by exp(-age / decay_s)
     neighbour_share: float = Field(default=1.0, ge=0)  # LFU: share of a child block's accesses credited to its parent
     prefix_share: float = Field(default=1.0, ge=0)  # LFU: credit per sequence branching off a block

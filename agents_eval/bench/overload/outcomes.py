@@ -31,13 +31,6 @@ class Outcomes:
     turns_within_slo_with_waits: int = 0  # the same, timed from the turn's first send (retry waits included)
     retried_turns: int = 0  # turns completed after one or more refusals
 
-    def verdicts(self, slo: Slo) -> dict[str, bool]:
-        """The issue's goals: admitted p99 within the SLO; every refusal 429/503 with Retry-After; no timeout."""
-        return {"admitted_ttft_p99_within_slo": self.admitted_ttft_p99_s <= slo.ttft_s,
-                "admitted_tpot_p99_within_slo": self.admitted_tpot_p99_s <= slo.tpot_s,
-                "refusals_carry_retry_after": self.refused_without_retry_after == 0,
-                "no_timeouts": self.timed_out == 0, "no_other_errors": self.other_errors == 0}
-
 
 def is_timeout(record: RequestRecord) -> bool:
     return record.status is None and any(mark in (record.error or "") for mark in TIMEOUT_MARKS)

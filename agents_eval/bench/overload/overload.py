@@ -93,7 +93,7 @@ def overloaded(settings: OverloadSettings, rate: float, guarded: bool, out_dir: 
     tag = "guarded" if guarded else "unguarded"
     point = measure_point(settings.config, tag, rate, workload, options, out_dir, progress)
     found = outcomes(point.result.records, settings.slo)
-    return {**asdict(found), "verdicts": found.verdicts(settings.slo), "gateway_env": point.result.env}
+    return {**asdict(found), "gateway_env": point.result.env}
 
 
 def run_overload(settings: OverloadSettings, out_dir: Path, progress: Progress) -> dict[str, Any]:

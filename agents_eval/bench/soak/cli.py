@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from agents_eval.bench.soak.soak import SoakResult, SoakSettings, soak
+from agents_eval.bench.soak.soak import SoakResult, SoakSettings, goals, soak
 from agents_eval.harness.report import LineChart, ReportFiles, Table, write_report
 from agents_eval.harness.servers.gateway import running_gateway
 
@@ -20,6 +20,7 @@ HELP = {
     "sample_s": "seconds between samples of memory, descriptors and latency",
     "session_ttl_s": "the gateway's session TTL: sessions keep expiring during the soak",
     "seed": "seed of arrivals and protocols",
+    "max_in_flight": "sessions running at once; an arrival beyond it is skipped and counted (0: no bound)",
 }
 
 
@@ -38,9 +39,11 @@ def run_soak(model: str, settings: SoakSettings, out: Path, quiet: bool = False)
 
 
 def write(out: Path, settings: SoakSettings, result: SoakResult, wall_s: float) -> ReportFiles:
-    slopes = result.slopes_per_hour()
+    slopes, found = result.slopes_per_hour(), goals(result)
     data = {"settings": vars(settings), "turns": result.turns, "completed": result.completed,
-            "slopes_per_hour": slopes, "samples": [vars(s) for s in result.samples], "wall_s": round(wall_s, 1)}
+            "skipped_arrivals": result.skipped_arrivals, "slopes_per_hour": slopes, "window_h": result.window_h(),
+            "goals": found, "goals_met": all(g["met"] for g in found), "samples": [vars(s) for s in result.samples],
+            "wall_s": round(wall_s, 1)}
     table = Table("Slopes after the warm-up (least squares)", ["figure", "per hour"],
                   [[name, "n/a" if value is None else f"{value:+.2f}"] for name, value in slopes.items()])
     rows = [[f"{s.at_s:.0f}", f"{s.rss_mb:.0f}", str(s.fds), str(s.sessions),
@@ -51,7 +54,10 @@ def write(out: Path, settings: SoakSettings, result: SoakResult, wall_s: float) 
                       {"RSS (MB)": [s.rss_mb for s in result.samples], "open fds": [s.fds for s in result.samples],
                        "sessions held": [s.sessions for s in result.samples]})
     notes = [f"{result.completed} of {result.turns} turns completed over {settings.duration_s:.0f} s; "
-             f"sessions expire after {settings.session_ttl_s:.0f} s."]
+             f"sessions expire after {settings.session_ttl_s:.0f} s; {result.skipped_arrivals} arrivals skipped "
+             f"(max in flight {settings.max_in_flight or 'unbounded'}).",
+             *(f"Goal {g['name']}: {'n/a' if g['measured'] is None else format(g['measured'], '.2f')} "
+               f"({g['bound']} {g['target']:g}): {'met' if g['met'] else 'missed'}" for g in found)]
     return write_report(out, data, "Soak", [table, samples], chart, notes)
 
 

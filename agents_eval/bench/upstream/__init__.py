@@ -49,6 +49,7 @@ def run_benchmark(settings: UpstreamBenchSettings, out_dir: Path) -> dict[str, A
     report = {"settings": asdict(settings), "machine": machine, "routings": routings, "failover": failover,
               "ratios": upstream_report.ratios(routings), "bench_wall_s": time.perf_counter() - start,
               "load_average_at_end": list(os.getloadavg())}
+    report["goals"] = upstream_report.goals(report)
     upstream_report.write(out_dir, report)
     return report
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from agents_eval.bench.upstream.drive import TurnResult
 from agents_eval.bench.upstream.workload import ROUTINGS
-from agents_eval.harness.report import LineChart, ReportFiles, Table, write_report
+from agents_eval.harness.report import LineChart, ReportFiles, Table, goal, write_report
 from agents_eval.harness.stats import percentile
 
 
@@ -35,6 +35,15 @@ def ratios(routings: dict[str, Any]) -> dict[str, float | None]:
     affinity, baseline = routings["affinity"]["later_turns"], routings["round_robin"]["later_turns"]
     return {metric: (affinity[metric] / baseline[metric] if baseline[metric] else None)
             for metric in ("prefill_tokens_mean", "ttft_p99_s")}
+
+
+def goals(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Affinity prefills and waits no more than round-robin on later turns; failover answers every turn."""
+    r, settings = report["ratios"], report["settings"]
+    return [goal("affinity/round-robin prefill tokens, later turns", 1.0, "max", r["prefill_tokens_mean"]),
+            goal("affinity/round-robin TTFT p99, later turns", 1.0, "max", r["ttft_p99_s"]),
+            goal("failover: turns answered", settings["sessions"] * settings["turns"], "min",
+                 report["failover"]["turns_answered"])]
 
 
 def _turn_table(report: dict[str, Any]) -> Table:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from agents_eval.bench.capacity.bench import _rank, goal, moves_per_window, p99, reallocations
+from agents_eval.bench.capacity.bench import _rank, goals, moves_per_window, p99, reallocations
 from agents_eval.bench.capacity.swing import RunResult, SwingWorkload, _Live, _record
 from agentserve.cli import main
 from engine.capacity.signals import AdmittedWork
@@ -46,13 +46,17 @@ def test_the_goal_needs_every_criterion() -> None:
     moves = [{"prefill": 1, "decode": 1}, {"prefill": 1, "decode": 0}]
     summaries: dict[str, dict[str, Any]] = {"controller": {"p99_ttft_s": 0.9}, "fixed 1P/1D": {"p99_ttft_s": 1.0},
                                             "fixed 2P/0D": {"p99_ttft_s": None}}
-    met = goal(shifts, moves, summaries)
-    assert met["met"] and met["p50_serving_s"] == 0.08 and met["max_serving_s"] == 0.3
-    assert not goal([*shifts, {"serving_s": None}], moves, summaries)["criteria"]["serving"]
-    assert not goal([{"serving_s": 0.2}], moves, summaries)["criteria"]["median"]
-    assert not goal(shifts, [{"prefill": 2, "decode": 0}], summaries)["criteria"]["moves"]
-    slower = {**summaries, "fixed 1P/1D": {"p99_ttft_s": 0.9}}
-    assert not goal(shifts, moves, slower)["criteria"]["p99_ttft"]
+    met = goals(shifts, moves, summaries)
+    assert all(g["met"] for g in met) and [g["measured"] for g in met[:3]] == [0.3, 0.08, 1]
+
+    def missed(*args: Any) -> list[int]:
+        return [index for index, g in enumerate(goals(*args)) if not g["met"]]
+
+    assert missed([*shifts, {"serving_s": None}], moves, summaries) == [0]
+    assert missed([{"serving_s": 0.2}], moves, summaries) == [1]
+    assert missed(shifts, [{"prefill": 2, "decode": 0}], summaries) == [2]
+    slower = {**summaries, "fixed 1P/1D": {"p99_ttft_s": 0.8}}
+    assert missed(shifts, moves, slower) == [3]
 
 
 def test_fixed_splits_rank_by_both_p99s_and_p99_picks_the_tail() -> None:
@@ -99,7 +103,8 @@ def test_a_short_run_writes_a_complete_report(tmp_path: Path) -> None:
         assert summary["p99_ttft_s"] >= summary["p50_ttft_s"] > 0
     assert report["best_fixed"] == report["worst_fixed"] == "fixed 1P/1D"
     assert [r["shift_to"] for r in report["reallocations"]] == ["think"]
-    assert report["goal"]["shifts"] == 1 and report["timeline"]
+    assert report["shift_summary"]["shifts"] == 1 and report["timeline"]
+    assert len(report["goals"]) == 4 and report["goals"][0]["name"] == "slowest shift served in the new role (s)"
     assert [w["window"] for w in report["moves_per_window"]] == ["act", "think"]
     assert (tmp_path / "role_timeline.png").read_bytes()[:4] == b"\x89PNG"
     assert "Reallocation latency" in (tmp_path / "report.md").read_text()
