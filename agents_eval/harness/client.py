@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -88,15 +88,15 @@ class HttpPool:
     """httpx clients lent one per request in flight, each with its own keep-alive connection (one shared
     client's pool serializes a burst; see `gateway_bench_client.Client`)."""
 
-    def __init__(self, url: str, timeout_s: float) -> None:
-        self.url, self.timeout_s = url, timeout_s
+    def __init__(self, url: str, timeout_s: float, headers: Mapping[str, str] | None = None) -> None:
+        self.url, self.timeout_s, self.headers = url, timeout_s, dict(headers or {})  # headers: e.g. a proxy's key
         self.idle: list[httpx.AsyncClient] = []
         self.every: list[httpx.AsyncClient] = []
 
     @asynccontextmanager
     async def client(self) -> AsyncIterator[httpx.AsyncClient]:
         if not self.idle:
-            self.every.append(httpx.AsyncClient(base_url=self.url, timeout=self.timeout_s))
+            self.every.append(httpx.AsyncClient(base_url=self.url, timeout=self.timeout_s, headers=self.headers))
             self.idle.append(self.every[-1])
         http = self.idle.pop()
         try:

@@ -39,6 +39,9 @@ from agents_eval.bench.agent.search.search import SLO_TARGET, SearchResult
 from agents_eval.bench.agent.search.slo import Workloads, probe_point, probe_workloads, run_search, start_rate
 from agents_eval.bench.agent.settings import AgentBenchSettings
 from agents_eval.bench.agent.workload import WORKLOADS, build_workload, default_rate, session_rate
+from agents_eval.bench.deployments.bench import run_closed_loop
+from agents_eval.bench.deployments.cli import closed_loop
+from agents_eval.bench.deployments.cli import settings_from_args as closed_settings
 from agents_eval.harness.drive import progress_display
 from agents_eval.harness.report import ReportFiles, machine_info
 from agents_eval.workloads.types import Workload
@@ -153,6 +156,11 @@ def run(args: argparse.Namespace) -> None:
                          + "{" + ",".join(WORKLOADS) + "}")
     if args.out is None:
         raise ValueError("agentserve bench --workload: --out DIR is required")
+    if closed_loop(args):
+        _, files = run_closed_loop(closed_settings(args), args.out)
+        print(files.markdown.read_text())
+        print(f"report: {files.json}")
+        return
     result = run_benchmark(settings_from_args(args), args.out)
     print(result.files.markdown.read_text())
     print(f"report: {result.files.json}")

@@ -12,6 +12,7 @@ from agents_eval.bench.agent.run import HTTP, WS, RunOptions
 from agents_eval.bench.agent.search.search import SearchOptions
 from agents_eval.bench.agent.settings import DEFAULT_SLO, AgentBenchSettings, SearchSettings
 from agents_eval.bench.agent.workload import WORKLOADS, WorkloadOptions
+from agents_eval.bench.deployments.cli import add_arguments as closed_loop_arguments
 from agents_eval.harness.drive import RunLimits
 from agents_eval.harness.servers.gateway import env_item
 from agents_eval.harness.stats import Slo
@@ -44,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--duration", type=float, default=60.0, help="seconds during which turns are sent (--rate)")
     group.add_argument("--rate-sweep", type=_fractions, default=(1.0,), help="fractions of --rate, e.g. 0.5,1,2")
     _add_search_arguments(parser)
+    closed_loop_arguments(parser)
     group.add_argument("--max-requests", type=int, help="requests per point at most")
     group.add_argument("--client", choices=(WS, HTTP), default=WS, help="the agent configuration's session client")
     group.add_argument("--env", type=env_item, action="append", default=[], metavar="AGENTSERVE_KEY=VALUE",

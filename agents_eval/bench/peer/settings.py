@@ -17,9 +17,11 @@ PEERS = (LLAMA_SERVER, LLAMA_CPP_PYTHON)
 AGENTSERVE_FP32 = "agentserve-fp32"
 AGENTSERVE_BF16 = "agentserve-bf16"
 AGENTSERVE_QUANTIZED = "agentserve-quantized"
-CONFIGS = (LLAMA_SERVER, AGENTSERVE_FP32, AGENTSERVE_BF16, AGENTSERVE_QUANTIZED, LLAMA_CPP_PYTHON)
-DEFAULT_CONFIGS = CONFIGS[:4]
-CONFIG_ENV = {  # on top of AGENTSERVE_COMMON_ENV
+AGENTSERVE_DEFAULTS = "agentserve"  # out of the box: `agentserve serve` with nothing set but the threads
+CONFIGS = (LLAMA_SERVER, AGENTSERVE_DEFAULTS, AGENTSERVE_FP32, AGENTSERVE_BF16, AGENTSERVE_QUANTIZED, LLAMA_CPP_PYTHON)
+DEFAULT_CONFIGS = (LLAMA_SERVER, AGENTSERVE_DEFAULTS, AGENTSERVE_QUANTIZED)
+QUANTIZED_CONFIGS = (AGENTSERVE_DEFAULTS, AGENTSERVE_QUANTIZED)  # the defaults keep a GGUF model quantized on a CPU
+CONFIG_ENV = {  # on top of AGENTSERVE_COMMON_ENV (every configuration but the defaults)
     AGENTSERVE_FP32: {"AGENTSERVE_ENGINE_DTYPE": "float32", "AGENTSERVE_ENGINE_GGUF_WEIGHTS": "dequantize"},
     AGENTSERVE_BF16: {"AGENTSERVE_ENGINE_DTYPE": "bfloat16", "AGENTSERVE_ENGINE_GGUF_WEIGHTS": "dequantize"},
     AGENTSERVE_QUANTIZED: {"AGENTSERVE_ENGINE_DTYPE": "float32", "AGENTSERVE_ENGINE_GGUF_WEIGHTS": "quantized"},
@@ -44,8 +46,8 @@ class PeerSettings:
     configs: tuple[str, ...] = DEFAULT_CONFIGS
     threads: int = 2
     sessions: int = 16
-    turns: int = 4
-    observation_tokens: int = 300  # mean size of one tool observation
+    turns: int = 6  # issue 49's agent sessions: 16 x 6 turns, ~350-token observations, contexts to ~2.5k tokens
+    observation_tokens: int = 350  # mean size of one tool observation
     output_tokens: int = 32  # per agent turn
     decode_tokens: int = 128
     prefill_tokens: int = 2000
@@ -113,5 +115,8 @@ def require_llama_cpp_python() -> None:
 
 
 def agentserve_env(config: str, threads: int) -> dict[str, str]:
-    return {**AGENTSERVE_COMMON_ENV, **CONFIG_ENV[config], "AGENTSERVE_ENGINE_NUM_THREADS": str(threads),
-            "OMP_NUM_THREADS": str(threads)}
+    """The configuration's server environment; the defaults get only the threads."""
+    threads_env = {"AGENTSERVE_ENGINE_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
+    if config == AGENTSERVE_DEFAULTS:
+        return threads_env
+    return {**AGENTSERVE_COMMON_ENV, **CONFIG_ENV[config], **threads_env}

@@ -12,17 +12,22 @@ from pathlib import Path
 
 import pytest
 
-from agents_eval.bench.peer import report, workload
+from agents_eval.bench.peer import measure, report, workload
 from agents_eval.bench.peer.bench import BenchResult, round_order, run_benchmark
-from agents_eval.bench.peer.servers import gguf_file, llama_cpp_python_command, llama_server_command
+from agents_eval.bench.peer.client import Stream
+from agents_eval.bench.peer.servers import gguf_file, llama_cpp_python_command, llama_server_options
 from agents_eval.bench.peer.settings import (
     AGENTSERVE_BF16,
+    AGENTSERVE_DEFAULTS,
     AGENTSERVE_FP32,
+    AGENTSERVE_QUANTIZED,
     INSTALL_HINT,
     LLAMA_SERVER,
     PYTHON_INSTALL_HINT,
     PeerSettings,
+    agentserve_env,
 )
+from agents_eval.harness.client import HttpPool, RequestFailed
 from agentserve.cli import EXIT_BAD_INPUT, main
 
 SETTINGS = PeerSettings(model="tiny", configs=(AGENTSERVE_FP32, AGENTSERVE_BF16), sessions=2, turns=2,
@@ -40,6 +45,7 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> BenchResult:
 def test_report_files_hold_the_figures(bench: BenchResult) -> None:
     files = bench.files
     assert json.loads(files.json.read_text())["figures"] == bench.report["figures"]
+    assert bench.report["rounds_done"] == SETTINGS.rounds  # rewritten after every round; the last has them all
     assert files.chart.read_bytes().startswith(PNG)
     markdown = files.markdown.read_text()
     assert "## Figures" in markdown and AGENTSERVE_FP32 in markdown and AGENTSERVE_BF16 in markdown
@@ -123,6 +129,54 @@ def test_goal_verdicts_say_by_how_much() -> None:
     assert math.isnan(report.ratios({LLAMA_SERVER: {"x": 0.0}, "a": {"x": 1.0}}, LLAMA_SERVER)["a"]["x"])
 
 
+def test_out_of_the_box_is_judged_by_issue_49s_targets() -> None:
+    """The defaults: turns/s at least 1.5x the peer's, TTFT p99 at most half, decode at least 0.5x (they keep
+    the weights quantized); the variants only against level."""
+    table = {LLAMA_SERVER: {m.key: 10.0 for m in report.METRICS},
+             AGENTSERVE_DEFAULTS: {**{m.key: 10.0 for m in report.METRICS}, "agent_turns_per_s": 14.0,
+                                   "agent_ttft_p99_s": 4.0, "decode_tokens_per_s": 6.0},
+             AGENTSERVE_QUANTIZED: {m.key: 10.0 for m in report.METRICS}}
+    goals = {(g["config"], g["metric"]): g for g in report.goal_results(table, LLAMA_SERVER)}
+    assert set(goals) == {(AGENTSERVE_DEFAULTS, "agent_turns_per_s"), (AGENTSERVE_DEFAULTS, "agent_ttft_p99_s"),
+                          (AGENTSERVE_DEFAULTS, "decode_tokens_per_s"), (AGENTSERVE_QUANTIZED, "agent_turns_per_s"),
+                          (AGENTSERVE_QUANTIZED, "agent_ttft_p99_s"), (AGENTSERVE_QUANTIZED, "decode_tokens_per_s")}
+    turns, ttft = goals[(AGENTSERVE_DEFAULTS, "agent_turns_per_s")], goals[(AGENTSERVE_DEFAULTS, "agent_ttft_p99_s")]
+    assert (turns["target"], turns["bound"], turns["met"]) == (1.5, "min", False)  # 1.4x
+    assert (ttft["target"], ttft["bound"], ttft["met"]) == (0.5, "max", True)  # 0.4x
+    assert goals[(AGENTSERVE_QUANTIZED, "agent_turns_per_s")]["target"] == 1.0
+
+
+def test_out_of_the_box_sets_nothing_but_the_threads() -> None:
+    assert agentserve_env(AGENTSERVE_DEFAULTS, 2) == {"AGENTSERVE_ENGINE_NUM_THREADS": "2", "OMP_NUM_THREADS": "2"}
+    assert "AGENTSERVE_ENGINE_KV_CACHE_BYTES" in agentserve_env(AGENTSERVE_QUANTIZED, 2)
+    defaults = PeerSettings()  # issue 49's agent sessions
+    assert (defaults.sessions, defaults.turns, defaults.observation_tokens, defaults.output_tokens,
+            defaults.context) == (16, 6, 350, 32, 6144)
+
+
+async def test_a_refused_turn_is_sent_again_after_its_retry_after(monkeypatch: pytest.MonkeyPatch) -> None:
+    """429 with Retry-After: sent again after it, the refusal counted and the wait in the turn's TTFT; a
+    refusal without Retry-After fails the turn."""
+    answers: list[object] = [RequestFailed("busy", 429, "0.05"), RequestFailed("busy", 503, "0"),
+                             Stream("hi", (0.01, 0.02), 0.03, {"completion_tokens": 2})]
+
+    async def stream_chat(*_: object) -> Stream:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        assert isinstance(answer, Stream)
+        return answer
+
+    monkeypatch.setattr(measure, "stream_chat", stream_chat)
+    pool = HttpPool("http://127.0.0.1:9", 1.0)
+    sent = await measure._stream_retrying(pool, {}, {})
+    assert sent.refusals == 2 and sent.waited_s >= 0.05 and sent.stream.text == "hi" and not answers
+    answers.append(RequestFailed("bad", 400))
+    with pytest.raises(RequestFailed):
+        await measure._stream_retrying(pool, {}, {})
+    await pool.close()
+
+
 def test_the_servers_order_rotates_each_round() -> None:
     configs = ("a", "b", "c")
     assert [round_order(configs, index) for index in range(4)] == [
@@ -167,10 +221,11 @@ def test_the_llama_cpp_servers_need_a_gguf_model() -> None:
 
 def test_llama_server_gets_a_slot_per_session_and_the_same_threads() -> None:
     settings = PeerSettings(threads=3, sessions=5, context=4096)
-    command = " ".join(llama_server_command(Path("llama-server"), Path("m.gguf"), settings, 8123))
+    command = " ".join(llama_server_options(Path("llama-server"), Path("m.gguf"), settings).command(8123))
     for option in ("--threads 3", "--threads-batch 3", "--parallel 5", f"--ctx-size {5 * 4096}",
                    "--cont-batching", "--cache-reuse 256", "--model m.gguf", "--port 8123"):
         assert option in command
+    assert "--kv-unified" not in command
 
 
 def test_sessions_are_seeded_real_text() -> None:
@@ -196,3 +251,19 @@ def test_engine_step_times_each_decode_step(monkeypatch: pytest.MonkeyPatch) -> 
         assert not engine.has_unfinished()
     finally:
         engine.shutdown()
+
+
+def test_engine_step_profile_splits_each_step_by_stage(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--profile`: the stages and the rest add up to the wall step; attention ran in every step."""
+    from agents_eval.bench.peer import engine_step
+
+    monkeypatch.setattr(engine_step.os, "environ", dict(engine_step.os.environ))
+    engine = engine_step.engine_for(AGENTSERVE_FP32, "tiny", 1)
+    try:
+        split = engine_step.profile_steps(engine, context=20, tokens=4)
+    finally:
+        engine.shutdown()
+    stages = {name for name, _ in engine_step.STAGES} | {"other ops"}
+    parts = sum(value for name, value in split.items() if name in stages) + split["outside any op"]
+    assert parts == pytest.approx(split["wall step"])
+    assert split["attention"] > 0 and split["ops per step"] > 1
