@@ -38,7 +38,8 @@ def query_selection(state: SessionState, history: HistorySettings, sink_tokens: 
                     policy: ScoredPolicy = "query") -> QuerySelection:
     """The `query` (or `attention`) policy for the session's next reply: the history blocks it never skips are
     the sinks, every assistant turn (its tool calls), the first tokens of every observation (which tool said it),
-    and the previous and current turn: all from the end of the reply before last on."""
+    and the previous and current turn: all from the end of the reply before last on. The turns' blocks are keyed
+    by the policy from the end of the first reply on (where prefills may start picking)."""
     replies = [turn for turn in state.turns if turn.role == "assistant"]
     previous_turn_start = replies[-2].token_end if len(replies) >= 2 else 0
     kept = [(turn.token_start, turn.token_end) for turn in replies]
@@ -46,4 +47,5 @@ def query_selection(state: SessionState, history: HistorySettings, sink_tokens: 
              for turn in state.turns if turn.observation]
     return QuerySelection(budget=history.budget, refresh_steps=history.refresh_steps, sink_tokens=sink_tokens,
                           recent_tokens=history.recent_tokens, kept=tuple(sorted(kept)),
-                          kept_from=previous_turn_start, policy=policy)
+                          kept_from=previous_turn_start, policy=policy,
+                          picked_from=replies[0].token_end if replies else state.num_tokens)

@@ -164,7 +164,7 @@ class Scheduler:
                                       self._keys(seq))
 
     def _keys(self, seq: Sequence) -> ExtraKeys | BlockKeys:
-        return block_keys(seq.attention_spans, self.kv.block_size, seq.params.cache_salt)
+        return block_keys(seq.attention_spans, self.kv.block_size, seq.params.cache_salt, seq.selection)
 
     def update(self, batch: ScheduledBatch, sampled: dict[str, int], forced: dict[str, list[int]] | None = None
                ) -> None:

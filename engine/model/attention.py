@@ -21,7 +21,7 @@ from functools import cached_property
 import torch
 import torch.nn.functional as F
 
-from engine.model.block_selection import QueryCapture
+from engine.model.block_selection import ChunkSelection, QueryCapture
 
 
 @dataclass
@@ -52,6 +52,7 @@ class QuerySpan:
     attn_mask: torch.Tensor | None  # [query_len, context_len] bool, True = attend; None: plain causal
     host_slots: torch.Tensor | None = None  # context_slots in host memory, when those are on a device
     context_blocks: ContextBlocks | None = None  # the same context as whole blocks, when history was skipped
+    chunk_selection: ChunkSelection | None = None  # a prefill chunk whose layers each pick the history they read
     _tiled_masks: dict[tuple[int, torch.dtype], torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
@@ -88,7 +89,23 @@ class QuerySpan:
         mask = None if self.attn_mask is None else self.attn_mask.to(device)
         host = self.context_slots if self.context_slots.device.type == "cpu" else self.host_slots
         blocks = None if self.context_blocks is None else self.context_blocks.to(device)
-        return QuerySpan(self.query_start, self.query_len, self.context_slots.to(device), mask, host, blocks)
+        chunk = None if self.chunk_selection is None else self.chunk_selection.to(device)
+        return QuerySpan(self.query_start, self.query_len, self.context_slots.to(device), mask, host, blocks,
+                         chunk_selection=chunk)
+
+    def narrowed(self, q: torch.Tensor, kv_cache: torch.Tensor, scale: float) -> QuerySpan:
+        """This span as this layer's chunk selection leaves it: the picked history blocks and the chunk, whole
+        blocks gathered in order, the mask's columns of those tokens."""
+        assert self.chunk_selection is not None and self.attn_mask is not None
+        chunk = self.chunk_selection
+        size, history = chunk.block_size, chunk.history_blocks
+        attended = chunk.attended_blocks(q, kv_cache, scale)
+        tail = torch.arange(history, chunk.block_table.numel(), device=attended.device)
+        blocks = torch.cat((attended, tail))
+        columns = (blocks.unsqueeze(1) * size + torch.arange(size, device=blocks.device)).view(-1)
+        columns = columns[columns < self.context_len]
+        return QuerySpan(self.query_start, self.query_len, self.context_slots[columns], self.attn_mask[:, columns],
+                         context_blocks=ContextBlocks(chunk.block_table[blocks], size))
 
 
 MAX_BATCHED_DECODE_SLOTS = 1 << 20  # decode streams x their longest context, beyond which each attends alone
@@ -107,7 +124,7 @@ class DecodeBatch:
     @classmethod
     def of(cls, spans: list[QuerySpan]) -> DecodeBatch | None:
         """The decode spans of a step (host tensors), or None when fewer than two or too many padded slots."""
-        decodes = [span for span in spans if span.is_decode]
+        decodes = [span for span in spans if span.is_decode and span.chunk_selection is None]
         longest = max((span.context_len for span in decodes), default=0)
         if len(decodes) < 2 or len(decodes) * longest > MAX_BATCHED_DECODE_SLOTS:
             return None
@@ -183,7 +200,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
     if batch is not None:
         out[batch.rows] = _attend_decodes(q[batch.rows], kv_cache, batch, scale)
     for span in meta.spans:
-        if batch is not None and span.is_decode:  # attended in the batch above
+        if batch is not None and span.is_decode and span.chunk_selection is None:  # attended in the batch above
             continue
         end = span.query_start + span.query_len
         out[span.query_start:end] = _attend_span(q[span.query_start:end], kv_cache, span, scale)
@@ -204,6 +221,8 @@ def _attend_span(q: torch.Tensor, kv_cache: torch.Tensor, span: QuerySpan, scale
     kernels, so heads are grouped by hand: a lone query's group becomes its query rows (no copy), and a
     chunk's K/V are repeated per query head. Inputs are 4-D (batch 1): with 3-D ones torch takes its
     unfused math path, three times slower on a decode step."""
+    if span.chunk_selection is not None:
+        span = span.narrowed(q, kv_cache, scale)
     keys, values = _context_kv(kv_cache, span).transpose(1, 2).unsqueeze(1)  # [1, KV, L, D] each
     num_heads, num_kv_heads = q.shape[1], keys.shape[1]
     if span.is_decode:

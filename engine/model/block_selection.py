@@ -20,11 +20,29 @@ policy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
+from engine.model.mask import QuerySelection
+
 ATTENTION_DECAY = 0.5
+
+
+@dataclass(frozen=True)
+class ChunkPicks:
+    """What one prefill chunk's layers read of the history: the full blocks before `start`, and per layer those
+    attended (ascending)."""
+
+    start: int  # the chunk's first position
+    end: int  # past its last
+    block_size: int
+    history_blocks: int
+    attended: list[list[int]]
+
+    def attended_positions(self, layer: int) -> set[int]:
+        """The history positions this layer's queries read (the chunk itself and what follows aside)."""
+        return {block * self.block_size + offset for block in self.attended[layer] for offset in range(self.block_size)}
 
 
 @dataclass
@@ -38,6 +56,14 @@ class BlockSummaries:
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
         self._requests: dict[str, RequestSummaries] = {}
+        self.chunk_picks: dict[str, list[ChunkPicks]] | None = None  # {}: each request's prefill picks are kept
+
+    def record_chunk(self, request_id: str, start: int, end: int, chunk: ChunkSelection) -> None:
+        """Keep what a prefill chunk's layers attended to, when asked to (`chunk_picks` not None; a benchmark
+        reads it, and pops it)."""
+        if self.chunk_picks is not None:
+            picks = ChunkPicks(start, end, self.block_size, chunk.history_blocks, [list(p) for p in chunk.picked])
+            self.chunk_picks.setdefault(request_id, []).append(picks)
 
     def bounds(self, request_id: str, block_ids: list[int], kv_caches: list[torch.Tensor]) -> torch.Tensor:
         """[layers, 2, len(block_ids), kv_heads, head_dim] key minima and maxima of these full blocks (the first
@@ -62,6 +88,17 @@ class BlockSummaries:
         kept = before[:min(len(before), len(shares))] * ATTENTION_DECAY
         known.attended = shares + torch.nn.functional.pad(kept, (0, len(shares) - len(kept)))
         return known.attended
+
+    def chunk_selection(self, request_id: str, selection: QuerySelection, start: int, end: int, block_ids: list[int],
+                        kv_caches: list[torch.Tensor]) -> ChunkSelection | None:
+        """What the layers of a prefill chunk [start, end) pick from, when it follows a history it may skip."""
+        plan = selection.chunk_history(start, end, self.block_size)
+        if plan is None:
+            return None
+        kept, room = plan
+        bounds = None if selection.policy == "attention" else self.bounds(request_id, block_ids[:len(kept)], kv_caches)
+        table = torch.tensor(block_ids[:-(-end // self.block_size)], dtype=torch.long)
+        return ChunkSelection(table, self.block_size, torch.tensor(kept), room, selection.policy, bounds)
 
     def forget(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
@@ -94,18 +131,20 @@ def block_scores(queries: torch.Tensor, bounds: torch.Tensor, scale: float) -> t
 
 def block_attention(queries: torch.Tensor, kv_caches: list[torch.Tensor], block_ids: list[int], block_size: int,
                     scale: float) -> torch.Tensor:
-    """queries [layers, heads, head_dim] of one token -> [blocks]: per layer and query head, the share of its
-    attention over these blocks' tokens that each block gets; a block's score is its largest share."""
+    """queries [layers, heads, head_dim] of one token (or [layers, rows, heads, head_dim] of several) -> [blocks]:
+    per layer, query row and head, the share of its attention over these blocks' tokens that each block gets; a
+    block's score is its largest share."""
     ids = torch.tensor(block_ids, dtype=torch.long, device=kv_caches[0].device)
-    heads, head_dim = queries.shape[1:]
+    rows = queries if queries.dim() == 4 else queries.unsqueeze(1)
+    heads, head_dim = rows.shape[2:]
     shares = []
     for layer, cache in enumerate(kv_caches):
         keys = cache[0].view(-1, block_size, *cache.shape[2:]).index_select(0, ids).float()  # [B, size, KV, D]
         kv_heads = keys.shape[2]
-        grouped = queries[layer].float().view(kv_heads, heads // kv_heads, head_dim)
-        logits = torch.einsum("kgd,bskd->kgbs", grouped, keys) * scale  # [KV, G, B, size]
-        weights = torch.softmax(logits.flatten(2), dim=-1).view_as(logits)
-        shares.append(weights.sum(dim=-1).amax(dim=(0, 1)))  # [B]
+        grouped = rows[layer].float().view(-1, kv_heads, heads // kv_heads, head_dim)
+        logits = torch.einsum("rkgd,bskd->rkgbs", grouped, keys) * scale  # [rows, KV, G, B, size]
+        weights = torch.softmax(logits.flatten(3), dim=-1).view_as(logits)
+        shares.append(weights.sum(dim=-1).amax(dim=(0, 1, 2)))  # [B]
     return torch.stack(shares).amax(dim=0)
 
 
@@ -131,3 +170,58 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
             break
         same += 1
     return same
+
+
+SNAP_WINDOW = 16  # `attention` in a prefill chunk: its last rows' attention picks the blocks (SnapKV's window)
+
+
+@dataclass
+class ChunkSelection:
+    """A prefill chunk that follows a long history under `query` or `attention`: each layer picks, with the
+    chunk's own queries of that layer, `room` of the history's skippable full blocks (key bounds, Quest; or the
+    attention of the chunk's last SNAP_WINDOW rows, SnapKV) and attends to them, the kept blocks and the chunk
+    only. The history is the full blocks before the chunk; `picked` holds each layer's attended history blocks."""
+
+    block_table: torch.Tensor  # [n] long: the request's blocks up to the chunk's end
+    block_size: int
+    kept: torch.Tensor  # [history blocks] bool: never skipped
+    room: int  # skippable blocks each layer attends to
+    policy: str
+    bounds: torch.Tensor | None = None  # [layers, 2, history blocks, kv_heads, head_dim] (`query`)
+    picked: list[list[int]] = field(default_factory=list)
+
+    @property
+    def history_blocks(self) -> int:
+        return int(self.kept.numel())
+
+    def attended_blocks(self, q: torch.Tensor, kv_cache: torch.Tensor, scale: float) -> torch.Tensor:
+        """This layer's (the next one's, in order) attended history blocks, ascending, picked by q [rows, H, D]."""
+        layer = len(self.picked)
+        if self.policy == "attention":
+            ids = self.block_table[:self.history_blocks].tolist()
+            scores = block_attention(q[-SNAP_WINDOW:].unsqueeze(0), [kv_cache], ids, self.block_size, scale)
+        else:
+            assert self.bounds is not None
+            scores = chunk_block_scores(q, self.bounds[layer].to(q.device), scale)
+        candidates = (~self.kept).nonzero().squeeze(1)
+        best = candidates[scores.to(candidates.device)[candidates].topk(self.room).indices]
+        chosen = self.kept.clone()
+        chosen[best] = True
+        attended = chosen.nonzero().squeeze(1)
+        self.picked.append(attended.tolist())
+        return attended
+
+    def to(self, device: torch.device) -> ChunkSelection:
+        return replace(self, block_table=self.block_table.to(device), kept=self.kept.to(device),
+                       bounds=None if self.bounds is None else self.bounds.to(device), picked=self.picked)
+
+
+def chunk_block_scores(q: torch.Tensor, bounds: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [rows, heads, head_dim] of one layer; bounds [2, blocks, kv_heads, head_dim] -> [blocks]: the most
+    attention any row's head could give the block (its key bound, softmaxed over the history)."""
+    rows, heads, head_dim = q.shape
+    kv_heads = bounds.shape[2]
+    grouped = q.float().view(rows, kv_heads, heads // kv_heads, head_dim)
+    upper = (torch.einsum("rkgd,bkd->rbkg", grouped.clamp(min=0), bounds[1])
+             + torch.einsum("rkgd,bkd->rbkg", grouped.clamp(max=0), bounds[0]))
+    return torch.softmax(upper * scale, dim=1).amax(dim=(0, 2, 3))

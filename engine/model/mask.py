@@ -58,6 +58,9 @@ class QuerySelection:
     kept: tuple[tuple[int, int], ...] = ()
     kept_from: int | None = None  # every position from here on (the previous and current turn)
     policy: ScoredPolicy = "query"
+    # where the session's turns began picking (the end of its first reply): the same for every turn, so each
+    # turn's blocks computed under picks are keyed alike and the next turn reuses them
+    picked_from: int | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 < self.budget <= 1.0 or self.refresh_steps < 1:
@@ -81,6 +84,26 @@ class QuerySelection:
         room = max(0, round(self.budget * len(history)) - len(kept.intersection(history)))
         ranked = sorted((block for block in history if block not in kept), key=lambda block: -scores[block])
         return sorted(ranked[room:])
+
+    @property
+    def prefill_from(self) -> int | None:
+        """From where the request's blocks are keyed by the policy (`block_keys`): `picked_from`, else `kept_from`;
+        None: no prefill chunk picks."""
+        return self.kept_from if self.picked_from is None else self.picked_from
+
+    def chunk_history(self, start: int, end: int, block_size: int) -> tuple[list[bool], int] | None:
+        """For a prefill chunk [start, end): which of the full history blocks before it are kept, and how many
+        others each layer reads (so that `budget` of the history is attended); None when the chunk reads the whole
+        history (before `prefill_from`, or nothing to skip)."""
+        if self.kept_from is None or start < self.kept_from // block_size * block_size:
+            return None
+        history = start // block_size
+        kept_set = self.kept_blocks(end, block_size)
+        kept = [block in kept_set for block in range(history)]
+        room = max(0, round(self.budget * history) - sum(kept))
+        if room >= history - sum(kept):
+            return None
+        return kept, room
 
     def due(self, num_output_tokens: int) -> bool:
         """Whether the decode step of the last of these output tokens picks the blocks (the first does)."""
@@ -126,17 +149,22 @@ def spans_skipping_blocks(blocks: Iterable[int], block_size: int, from_position:
     return spans
 
 
-def block_keys(spans: Sequence[MaskedSpan], block_size: int, salt: str | None = None) -> ExtraKeys | BlockKeys:
+def block_keys(spans: Sequence[MaskedSpan], block_size: int, salt: str | None = None,
+               selection: QuerySelection | None = None) -> ExtraKeys | BlockKeys:
     """Extra hash keys per block: the cache salt on the first (every later hash chains from it, so two salts
-    share no block), and the spans that shaped that block's KV, clipped to the block's end (so a span closed
-    after a block's end keys that block as it did while open)."""
-    if not spans and salt is None:
+    share no block), the spans that shaped that block's KV, clipped to the block's end (so a span closed
+    after a block's end keys that block as it did while open), and the selection's policy on the blocks a
+    prefill computes under its picks (from the one holding `prefill_from` on): the picks depend on the chunk's
+    queries, so such KV is shared with the policy's later turns, never with dense requests."""
+    picked_from, policy = (None, "") if selection is None else (selection.prefill_from, selection.policy)
+    if not spans and salt is None and picked_from is None:
         return ()
     salted: ExtraKeys = () if salt is None else (salt,)
 
     def keys(index: int) -> ExtraKeys:
         block_end = (index + 1) * block_size
-        return (salted if index == 0 else ()) + tuple(
+        picked: ExtraKeys = () if picked_from is None or block_end <= picked_from else ("picked", policy)
+        return (salted if index == 0 else ()) + picked + tuple(
             value for span in spans if span.from_position < block_end
             for value in (span.start, min(span.end, block_end), span.from_position,
                           min(span.until_position or block_end, block_end)))

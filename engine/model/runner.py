@@ -90,7 +90,13 @@ class ModelRunner:
         selecting = [(row, e) for row, e in zip(_first_rows(entries), entries, strict=True) if _selects(e)]
         if selecting:
             meta.query_capture = QueryCapture(torch.tensor([row for row, _ in selecting], device=self.device))
+        chunks = [(e, span.chunk_selection) for e, span in zip(entries, meta.spans, strict=True)
+                  if span.chunk_selection is not None]
         hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        for entry, chunk in chunks:
+            self.history.record(chunk.policy, chunk.history_blocks, len(chunk.picked[0]))
+            start = entry.seq.num_computed_tokens
+            self.summaries.record_chunk(entry.seq.request_id, start, start + entry.num_new, chunk)
         if meta.query_capture is not None:
             self._select_blocks([e for _, e in selecting], meta.query_capture)
         ends = torch.tensor([e.num_new for e in entries]).cumsum(0) - 1
@@ -186,7 +192,13 @@ class ModelRunner:
             slot_mapping.append(context[start:])
             slots, mask, visible = _attended(entry.seq, start, end, context)
             blocks = None if visible is None else self._whole_blocks(visible, entry.block_ids)
-            spans.append(QuerySpan(len(ids) - entry.num_new, entry.num_new, slots, mask, context_blocks=blocks))
+            chunk = None if entry.seq.selection is None or start >= entry.seq.num_prompt_tokens else \
+                self.summaries.chunk_selection(entry.seq.request_id, entry.seq.selection, start, end, entry.block_ids,
+                                               self.kv_caches)
+            if chunk is not None:  # each layer picks the history it reads (block_selection.ChunkSelection)
+                slots, mask, blocks = context, span_mask(start, end - start, _spans(entry.seq)), None
+            spans.append(QuerySpan(len(ids) - entry.num_new, entry.num_new, slots, mask, context_blocks=blocks,
+                                   chunk_selection=chunk))
         meta = AttentionMetadata(torch.cat(slot_mapping), spans,
                                  decode_batch=DecodeBatch.of(spans) if self.batch_decodes else None)
         to = self.device

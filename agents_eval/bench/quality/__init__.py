@@ -1,9 +1,10 @@
 """`agentserve bench quality`: what pruning and sparse history masks cost in answers, on a real model.
 
 Seeded agent transcripts (shell listings, logs, accessibility trees, JSON results as `tool` messages) end in
-a question one observation answers. Each runs, greedy, under five variants of history handling (full,
-pruned, masked, pruned+masked, dropped); the report gives per variant the observation tokens saved, the
-answers kept, and how often the continuation stays the same as full's. See docs/quality.md.
+a question one observation answers. Each runs, greedy, under nine variants of history handling (full, pruned,
+the `age`, `query` and `attention` history policies each with and without pruning, dropped); the report gives
+per variant the observation tokens whose attention is saved, the answers kept (by how old the observation asked
+about is), and how often the continuation stays the same as full's. See docs/quality.md.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """Run every transcript under every variant through the engine, greedy, and score the answers.
 
 Transcripts go in batches: first `full` and `pruned`, then the variants that share their prefixes
-(`masked` shares full's tokens up to its first mask, `pruned+masked` pruned's), so the prefix cache
-computes shared blocks once.
+(`age` shares full's tokens up to its first mask, `pruned+age` pruned's), so the prefix cache computes shared
+blocks once. A `query` or `attention` variant's history (up to its last turn) is prefilled first, as the earlier
+turns of a live session would have left it cached, so its last turn's prefill picks what it reads layer by layer;
+what it read (`ChunkPicks`) gives its attended observation tokens.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from rich.progress import Progress
@@ -23,11 +25,15 @@ from agents_eval.harness.report import check_settings
 from engine.config import EngineSettings
 from engine.core.llm_engine import Completion, LLMEngine
 from engine.core.sampling.sampler import SamplingParams
+from engine.model.block_selection import ChunkPicks
 from engine.model.tokenizer import Tokenizer
 from trajectory.agent import Policies
 from trajectory.template.default import load_chat_template
 
-PHASES = (("full", "pruned"), ("masked", "pruned+masked", "dropped"))
+SELECTING = tuple(v for v in VARIANTS if v.endswith(("query", "attention")))
+HISTORIES = tuple(f"{v}:history" for v in SELECTING)
+PHASES = (("full", "pruned"), ("age", "pruned+age", "dropped"), HISTORIES, SELECTING)
+HISTORY_PARAMS = SamplingParams(max_tokens=1, temperature=0.0)  # a history's prefill is what is wanted of it
 Advance = Callable[[int], None]
 
 
@@ -67,43 +73,94 @@ def _tokenizer(engine: LLMEngine) -> Tokenizer:
     return engine.tokenizer
 
 
+@dataclass
+class Answer:
+    completion: Completion
+    picks: list[ChunkPicks]  # what the prefill chunks of a `query` or `attention` request read
+
+
 def complete(engine: LLMEngine, prompts: Sequence[VariantPrompt], params: SamplingParams,
-             advance: Advance) -> list[Completion]:
-    ids = [engine.add_request(p.token_ids, params, masked_spans=p.masked_spans) for p in prompts]
+             advance: Advance) -> list[Answer]:
+    ids = [engine.add_request(p.token_ids, params, masked_spans=p.masked_spans, selection=p.selection)
+           for p in prompts]
     results = {request_id: Completion(request_id) for request_id in ids}
     while engine.has_unfinished():
         for out in engine.step():
             results[out.request_id].add(out)
             advance(1 if out.finished else 0)
-    return [results[request_id] for request_id in ids]
+    picks = engine.runner.summaries.chunk_picks
+    return [Answer(results[request_id], [] if picks is None else picks.pop(request_id, [])) for request_id in ids]
+
+
+def _job_prompt(prompts: dict[str, VariantPrompt], job: str) -> VariantPrompt:
+    """A variant's prompt, or (`<variant>:history`) its history: the tokens before its last turn."""
+    variant, _, part = job.partition(":")
+    prompt = prompts[variant]
+    if not part or prompt.selection is None or not prompt.selection.kept_from:
+        return prompt
+    return replace(prompt, token_ids=prompt.token_ids[:prompt.selection.kept_from])
 
 
 def _run_batch(engine: LLMEngine, prompts: Sequence[dict[str, VariantPrompt]], params: SamplingParams,
-               advance: Advance) -> list[dict[str, Completion]]:
-    done: list[dict[str, Completion]] = [{} for _ in prompts]
-    for variants in PHASES:
-        jobs = [(i, v) for i in range(len(prompts)) for v in variants]
-        for (i, variant), completion in zip(jobs, complete(engine, [prompts[i][v] for i, v in jobs], params,
-                                                           advance), strict=True):
-            done[i][variant] = completion
+               advance: Advance) -> list[dict[str, Answer]]:
+    done: list[dict[str, Answer]] = [{} for _ in prompts]
+    for jobs_of_phase in PHASES:
+        jobs = [(i, job) for i in range(len(prompts)) for job in jobs_of_phase]
+        answers = complete(engine, [_job_prompt(prompts[i], job) for i, job in jobs],
+                           HISTORY_PARAMS if jobs_of_phase == HISTORIES else params, advance)
+        for (i, job), answer in zip(jobs, answers, strict=True):
+            done[i][job] = answer
     return done
 
 
-def _outcome(prompt: VariantPrompt, completion: Completion, answer: str) -> Outcome:
+def attended_observation_tokens(prompt: VariantPrompt, picks: Sequence[ChunkPicks]) -> float:
+    """Observation tokens the answer's first token reads: the masks' count, or, where the last prefill chunk
+    picked the history it reads, the mean over layers of what each layer's picks left it."""
+    chunk = _last_chunk(prompt, picks)
+    if chunk is None:
+        return prompt.attended_observation_tokens
+    history_end = chunk.history_blocks * chunk.block_size
+    per_layer = [prompt.picked_observation_tokens(history_end, chunk.attended_positions(layer))
+                 for layer in range(len(chunk.attended))]
+    return sum(per_layer) / len(per_layer)
+
+
+def asked_observation_read(prompt: VariantPrompt, picks: Sequence[ChunkPicks], target: int) -> float | None:
+    """The share of the asked observation's tokens the answer's first token read, averaged over layers, where the
+    engine picked (None elsewhere): whether a lost answer was lost by the picks or by the model."""
+    chunk = _last_chunk(prompt, picks)
+    if chunk is None:
+        return None
+    start, end = prompt.observation_spans[target]
+    history_end = chunk.history_blocks * chunk.block_size
+    shares = [sum(1 for i in range(start, end) if i >= history_end or i in chunk.attended_positions(layer))
+              / (end - start) for layer in range(len(chunk.attended))]
+    return sum(shares) / len(shares)
+
+
+def _last_chunk(prompt: VariantPrompt, picks: Sequence[ChunkPicks]) -> ChunkPicks | None:
+    last = [chunk for chunk in picks if chunk.start < len(prompt.token_ids)][-1:]
+    return last[0] if last else None
+
+
+def _outcome(prompt: VariantPrompt, answer: Answer, expected: str, target: int) -> Outcome:
+    completion = answer.completion
     return Outcome(completion.text, completion.token_ids, prompt.observation_tokens,
-                   prompt.attended_observation_tokens, mentions(completion.text, answer),
-                   completion.num_prompt_tokens, completion.num_cached_tokens)
+                   attended_observation_tokens(prompt, answer.picks), mentions(completion.text, expected),
+                   completion.num_prompt_tokens, completion.num_cached_tokens,
+                   asked_observation_read(prompt, answer.picks, target))
 
 
 def measure(settings: QualityBenchSettings, engine_settings: EngineSettings, progress: Progress) -> Measured:
     start = time.perf_counter()
     torch.set_num_threads(settings.threads)
     engine = LLMEngine(settings.model, engine_settings.model_copy(update={"num_threads": settings.threads}))
+    engine.runner.summaries.chunk_picks = {}  # what each `query` and `attention` prefill chunk read
     template, tokenizer, policies = load_chat_template(engine.checkpoint), _tokenizer(engine), Policies.load()
     transcripts = generate_transcripts(settings.transcripts, settings.seed)
     prompts = [{v: build_prompt(t, v, template, tokenizer, policies) for v in VARIANTS} for t in transcripts]
     task = progress.add_task(f"{len(transcripts)} transcripts x {len(VARIANTS)} variants on {settings.model}",
-                             total=len(transcripts) * len(VARIANTS))
+                             total=len(transcripts) * (len(VARIANTS) + len(HISTORIES)))
     params = SamplingParams(max_tokens=settings.max_tokens, temperature=0.0)
     keep = policies.settings.masks.keep_last_tool_observations
     results = []
@@ -111,6 +168,7 @@ def measure(settings: QualityBenchSettings, engine_settings: EngineSettings, pro
         batch = slice(first, first + settings.batch)
         completions = _run_batch(engine, prompts[batch], params, lambda n: progress.advance(task, n))
         for transcript, variant_prompts, done in zip(transcripts[batch], prompts[batch], completions, strict=True):
-            outcomes = {v: _outcome(variant_prompts[v], done[v], transcript.answer) for v in VARIANTS}
+            outcomes = {v: _outcome(variant_prompts[v], done[v], transcript.answer, transcript.target)
+                        for v in VARIANTS}
             results.append(TranscriptResult(transcript, outcomes, keep))
     return Measured(results, engine, policies, time.perf_counter() - start)

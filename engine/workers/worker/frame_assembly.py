@@ -65,7 +65,7 @@ class KVAssembler:
 
     def expect(self, handoff: Handoff, now: float | None = None) -> None:
         hashes = wire_hashes(handoff.prompt_token_ids, self.block_size, handoff.masked_spans,
-                             handoff.params.cache_salt)
+                             handoff.params.cache_salt, handoff.selection)
         start = time.monotonic() if now is None else now
         self._pending[handoff.request_id] = _Pending(handoff, hashes, start + self.timeout_s)
 

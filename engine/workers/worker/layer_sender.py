@@ -27,15 +27,15 @@ from engine.core.llm_engine import LLMEngine
 from engine.core.scheduler import ScheduledBatch
 from engine.kv_cache.manager import hash_block_tokens
 from engine.kv_cache.wire import FORMAT_VERSION, HEADER_SIZE, KVBlock, encode, layer_runs
-from engine.model.mask import MaskedSpan, block_keys
+from engine.model.mask import MaskedSpan, QuerySelection, block_keys
 from engine.transport.base import KVSender, TransportError
 
 log = logging.getLogger(__name__)
 
 
 def wire_hashes(token_ids: Sequence[int], block_size: int, masked_spans: Sequence[MaskedSpan],
-                salt: str | None = None) -> list[int]:
-    keys = block_keys(masked_spans, block_size, salt)
+                salt: str | None = None, selection: QuerySelection | None = None) -> list[int]:
+    keys = block_keys(masked_spans, block_size, salt, selection)
     hashes: list[int] = []
     for index in range(-(-len(token_ids) // block_size)):
         extra = keys(index) if callable(keys) else keys
@@ -158,7 +158,7 @@ class LayerStreamer:
             if address is None or not batch.samples(index):
                 continue
             hashes = wire_hashes(seq.prompt_token_ids, self.engine.settings.block_size, seq.masked_spans,
-                                 seq.params.cache_salt)
+                                 seq.params.cache_salt, seq.selection)
             stats = self.stats.setdefault(seq.request_id, TransferStats())
             stats.queued()
             self._queue.put((seq.request_id, stats, address, self._layer_kv(layer, seq.request_id, seq.num_tokens,

@@ -1,0 +1,103 @@
+"""A turn's prefill under `query` and `attention`: a chunk after a long history reads, layer by layer, the kept
+blocks and those its own queries pick, and the result equals dense attention over exactly those tokens (against
+`transformers`, each layer under its own 4-D mask); with nothing to skip it is the dense path bit for bit."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.core.llm_engine import LLMEngine
+from engine.model.block_selection import ChunkPicks
+from engine.model.mask import MaskedSpan, QuerySelection, ScoredPolicy, block_keys
+from tests.engine.model.test_block_sparse import BLOCK, PROMPT_LEN, SETTINGS, prompt, run
+from tests.engine.model.test_masks import reference_mask
+
+KEPT_FROM = 56  # the previous turn: the last chunk (64..72) picks from the 8 blocks before it
+SELECTION = dict(budget=0.5, refresh_steps=100, sink_tokens=4, recent_tokens=BLOCK, kept_from=KEPT_FROM)
+
+
+def layer_masks(length: int, spans: list[MaskedSpan], picks: list[ChunkPicks], layers: int) -> list[torch.Tensor]:
+    """Per layer: the spans' mask, with each picking chunk's rows reading only that layer's history picks."""
+    masks = []
+    for layer in range(layers):
+        allowed = reference_mask(length, spans)
+        for chunk in picks:
+            history = chunk.history_blocks * chunk.block_size
+            unread = torch.ones(history, dtype=torch.bool)
+            unread[sorted(chunk.attended_positions(layer))] = False
+            allowed[chunk.start:chunk.end, :history] &= ~unread
+        masks.append(torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))[None, None])
+    return masks
+
+
+def hf_layer_masked_logits(model: torch.nn.Module, tokens: list[int], masks: list[torch.Tensor]) -> torch.Tensor:
+    """transformers with layer i attending under masks[i] (its attention's mask swapped by a hook)."""
+    hooks = []
+    for layer, mask in zip(model.model.layers, masks, strict=True):
+        def swap(_module: torch.nn.Module, args: tuple, kwargs: dict, mask: torch.Tensor = mask) -> tuple:
+            return args, kwargs | {"attention_mask": mask}
+        hooks.append(layer.register_forward_pre_hook(swap, with_kwargs=True))
+    try:
+        with torch.inference_mode():
+            return model(torch.tensor([tokens]), attention_mask=masks[0]).logits[0].float()
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+@pytest.mark.parametrize("policy", ["query", "attention"])
+def test_a_prefill_chunk_after_history_equals_dense_attention_over_its_picks(
+        make_hf_checkpoint: Callable[..., Path], load_hf_reference: Callable[[Path], torch.nn.Module],
+        policy: ScoredPolicy) -> None:
+    checkpoint = make_hf_checkpoint("llama")
+    model = load_hf_reference(checkpoint)
+    engine = LLMEngine(str(checkpoint), SETTINGS)
+    engine.runner.summaries.chunk_picks = {}
+    tokens, logits, spans = run(engine, [], QuerySelection(**SELECTION, policy=policy))
+    [picks] = engine.runner.summaries.chunk_picks.values()
+    assert [chunk.start for chunk in picks] == [64], "only the chunk from the previous turn's block on picks"
+    for attended in picks[0].attended:  # the sinks and the previous turn never skipped; half the 8 blocks read
+        assert {0, 7} <= set(attended) and len(attended) == 4
+    assert len({tuple(attended) for attended in picks[0].attended}) > 1, "each layer picks by its own queries"
+    layers = len(engine.runner.kv_caches)
+    masks = layer_masks(PROMPT_LEN + len(tokens) - 1, list(spans), picks, layers)
+    reference = hf_layer_masked_logits(model, prompt() + tokens[:-1], masks)[PROMPT_LEN - 1:]
+    torch.testing.assert_close(logits, reference, atol=1e-4, rtol=0)
+    dense = hf_layer_masked_logits(model, prompt() + tokens[:-1], layer_masks(
+        PROMPT_LEN + len(tokens) - 1, list(spans), [], layers))[PROMPT_LEN - 1:]
+    assert not torch.allclose(dense[0], reference[0], atol=1e-3), "the prefill must skip something"
+    assert engine.runner.history.picks[policy] >= 1
+
+
+def test_nothing_to_skip_is_the_dense_prefill_bit_for_bit(make_hf_checkpoint: Callable[..., Path]) -> None:
+    engine = LLMEngine(str(make_hf_checkpoint("llama")), SETTINGS)
+    dense_tokens, dense_logits, _ = run(engine, [])
+    engine.reset_prefix_cache()
+    whole = QuerySelection(**SELECTION | {"budget": 1.0})
+    tokens, logits, spans = run(engine, [], whole)
+    assert spans == () and tokens == dense_tokens and torch.equal(logits, dense_logits)
+
+
+def test_which_chunks_pick_and_what_they_never_skip() -> None:
+    selection = QuerySelection(**SELECTION)
+    assert selection.chunk_history(32, 64, BLOCK) is None  # before the previous turn's block: dense
+    assert selection.chunk_history(64, 72, BLOCK) == ([True, False, False, False, False, False, False, True], 2)
+    headers = QuerySelection(**SELECTION | {"kept": ((20, 26),), "recent_tokens": 3 * BLOCK})
+    kept, room = headers.chunk_history(64, 72, BLOCK) or ([], 0)
+    assert [i for i, k in enumerate(kept) if k] == [0, 2, 3, 6, 7] and room == 0  # the window reaches back to 48
+    assert QuerySelection(**SELECTION | {"budget": 1.0}).chunk_history(64, 72, BLOCK) is None
+    assert QuerySelection(**SELECTION | {"kept_from": None}).chunk_history(64, 72, BLOCK) is None
+
+
+def test_blocks_computed_under_picks_are_keyed_by_the_policy() -> None:
+    """From `picked_from` on, a selection's blocks never share KV with a dense request's or another policy's."""
+    selection = QuerySelection(**SELECTION | {"picked_from": 30})
+    keys = block_keys((), BLOCK, None, selection)
+    assert callable(keys) and keys(2) == () and keys(3) == ("picked", "query")
+    other = block_keys((), BLOCK, None, QuerySelection(**SELECTION | {"picked_from": 30, "policy": "attention"}))
+    assert callable(other) and other(3) == ("picked", "attention")
+    assert block_keys((), BLOCK) == ()
