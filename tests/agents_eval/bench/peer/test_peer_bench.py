@@ -4,6 +4,7 @@ the prompts, and the one-line errors without llama-server or llama-cpp-python.""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import statistics
@@ -165,6 +166,7 @@ async def test_a_refused_turn_is_sent_again_after_its_retry_after(monkeypatch: p
         if isinstance(answer, Exception):
             raise answer
         assert isinstance(answer, Stream)
+        await asyncio.sleep(answer.e2e_s)  # a reply takes the time it says (waited_s is the time before it)
         return answer
 
     monkeypatch.setattr(measure, "stream_chat", stream_chat)
