@@ -38,8 +38,10 @@ def cluster() -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def engine(cluster: Any) -> Iterator[WorkerEngine]:
+    # a Ray worker starts a Python process, imports torch and loads the model on a node of the test's own cluster:
+    # beside other work on 2 cores that took over the default 180 s, so the test waits as long as pytest lets it
     deployment = DeploymentSettings(prefill=1, decode=1, transport="tcp", kv_timeout_s=5.0, placement="ray",
-                                    ray=RaySettings(address=cluster.address, watch_nodes_s=0.2))
+                                    ray=RaySettings(address=cluster.address, watch_nodes_s=0.2), ready_timeout_s=540.0)
     engine = WorkerEngine("tiny", SETTINGS, deployment, ALWAYS_REMOTE)
     yield engine
     engine.shutdown()
