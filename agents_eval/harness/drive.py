@@ -230,12 +230,18 @@ async def drive(workload: WorkloadLike, open_session: OpenSession, limits: RunLi
     budget = Budget(limits, clock)
     runs = [SessionRun(s, clock, budget, limits, record, session_errors) for s in workload.sessions]
     tasks = [asyncio.create_task(run.run(open_session)) for run in runs]
-    if tasks:
-        _, pending = await asyncio.wait(tasks, timeout=limits.duration_s + limits.drain_timeout_s)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+    await settle(tasks, limits.duration_s + limits.drain_timeout_s)
     return DriveResult(records, session_errors)
+
+
+async def settle(tasks: Sequence[asyncio.Task[Any]], timeout_s: float) -> None:
+    """Wait up to `timeout_s` for the tasks; cancel those still running then, and wait for them to end."""
+    if not tasks:
+        return
+    _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
 
 
 async def closed_loop(count: int, concurrency: int, one: Callable[[int], Awaitable[Any]]) -> list[Any]:

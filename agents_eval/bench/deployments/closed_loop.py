@@ -15,7 +15,16 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 
-from agents_eval.harness.drive import Budget, Clock, DriveResult, OnRecord, OpenSession, RunLimits, SessionRun
+from agents_eval.harness.drive import (
+    Budget,
+    Clock,
+    DriveResult,
+    OnRecord,
+    OpenSession,
+    RunLimits,
+    SessionRun,
+    settle,
+)
 from agents_eval.harness.stats import RequestRecord, Slo, slo_attainment
 from agents_eval.workloads.types import SessionScript
 
@@ -43,11 +52,7 @@ async def run_agents(sessions: Sequence[SessionScript], agents: int, open_sessio
             await SessionRun(script, clock, budget, limits, record, session_errors).run(open_session)
 
     tasks = [asyncio.create_task(agent(first)) for first in range(min(agents, len(sessions)))]
-    if tasks:
-        _, pending = await asyncio.wait(tasks, timeout=limits.duration_s + limits.drain_timeout_s)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+    await settle(tasks, limits.duration_s + limits.drain_timeout_s)
     return DriveResult(records, session_errors)
 
 
