@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from engine.core.llm_engine import LLMEngine
+from engine.model.attention import QuerySpan
 from engine.model.block_selection import ChunkPicks
 from engine.model.mask import MaskedSpan, QuerySelection, ScoredPolicy, block_keys
 from tests.engine.model.test_block_sparse import BLOCK, PROMPT_LEN, SETTINGS, prompt, run
@@ -71,6 +72,36 @@ def test_a_prefill_chunk_after_history_equals_dense_attention_over_its_picks(
         PROMPT_LEN + len(tokens) - 1, list(spans), [], layers))[PROMPT_LEN - 1:]
     assert not torch.allclose(dense[0], reference[0], atol=1e-3), "the prefill must skip something"
     assert engine.runner.history.picks[policy] >= 1
+
+
+@pytest.mark.parametrize("policy", ["query", "attention"])
+def test_the_first_decode_step_after_a_picking_prefill_reads_only_its_picks(
+        make_hf_checkpoint: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, policy: ScoredPolicy) -> None:
+    """The prefill's last chunk picks for the first decode step (its layers' best scores): that step gathers the
+    kept and picked blocks only, as whole blocks."""
+    engine = LLMEngine(str(make_hf_checkpoint("llama")), SETTINGS)
+    runner = engine.runner
+    first_step: list[tuple[list[int], QuerySpan]] = []  # the block table and the span of the step at PROMPT_LEN
+    prepare = runner._prepare
+
+    def recorded(entries: list) -> tuple:
+        input_ids, positions, meta = prepare(entries)
+        if positions.tolist() == [PROMPT_LEN]:
+            first_step.extend((entry.block_ids, span) for entry, span in zip(entries, meta.spans, strict=True))
+        return input_ids, positions, meta
+
+    monkeypatch.setattr(runner, "_prepare", recorded)
+    _, _, spans = run(engine, [], QuerySelection(**SELECTION, policy=policy))
+    skipped = {block for span in spans if span.from_position == PROMPT_LEN
+               for block in range(span.start // BLOCK, span.end // BLOCK)}
+    # half of the 9 full blocks before it read (round(4.5) = 4): the sinks' and the previous turn's 0, 7, 8, one picked
+    assert len(skipped) == 5 and skipped < set(range(1, 7))
+    [(table, span)] = first_step
+    read = [block for block in range(PROMPT_LEN // BLOCK + 1) if block not in skipped]
+    slots = torch.tensor([table[block] * BLOCK + offset for block in read for offset in range(BLOCK)])
+    assert torch.equal(span.context_slots, slots[:PROMPT_LEN + 1 - len(skipped) * BLOCK])
+    assert span.context_blocks is not None and span.context_blocks.block_ids.tolist() == [table[b] for b in read]
+    assert runner.history.picks[policy] >= 3  # the chunk's, the first decode step's from it, the step's own
 
 
 def test_nothing_to_skip_is_the_dense_prefill_bit_for_bit(make_hf_checkpoint: Callable[..., Path]) -> None:
