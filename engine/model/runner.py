@@ -204,7 +204,7 @@ class ModelRunner:
             slot_mapping.append(context[start:])
             slots, mask, visible = _attended(entry.seq, start, end, context)
             blocks = None if visible is None else self._whole_blocks(visible, entry.block_ids)
-            chunk = None if entry.seq.selection is None or start >= entry.seq.num_prompt_tokens else \
+            chunk = None if entry.seq.selection is None or not _picks_in_step(entry.seq, start) else \
                 self.summaries.chunk_selection(entry.seq.request_id, entry.seq.selection, start, end, entry.block_ids,
                                                self.kv_caches)
             if chunk is not None:  # each layer picks the history it reads (block_selection.ChunkSelection)
@@ -248,6 +248,13 @@ def _selects(entry: _Entry) -> bool:
     seq = entry.seq
     return (seq.selection is not None and entry.num_new == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens
             and seq.selection.due(len(seq.output_token_ids)))
+
+
+def _picks_in_step(seq: Sequence, start: int) -> bool:
+    """Whether a step from `start` picks the history it reads layer by layer (`block_selection.ChunkSelection`): a
+    prefill chunk, or the first decode step when the prompt's last chunk made it no picks (a prefill that read
+    everything), so that no decode step reads the whole history."""
+    return start < seq.num_prompt_tokens or (start == seq.num_prompt_tokens and not seq.selected_spans)
 
 
 def forced_room(seq: Sequence, max_model_len: int, pending: int = 0) -> int:

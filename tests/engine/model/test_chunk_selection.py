@@ -105,6 +105,26 @@ def test_the_first_decode_step_after_a_picking_prefill_reads_only_its_picks(
     assert runner.history.picks[policy] >= 3  # the chunk's, the first decode step's from it, the step's own
 
 
+@pytest.mark.parametrize("policy", ["query", "attention"])
+def test_after_a_prefill_that_read_everything_the_first_decode_step_picks_layer_by_layer(
+        make_hf_checkpoint: Callable[..., Path], load_hf_reference: Callable[[Path], torch.nn.Module],
+        policy: ScoredPolicy) -> None:
+    """A cold prompt in one chunk starts before the previous turn and reads everything; the first decode step then
+    picks per layer with its own query (a one-row chunk), exact against `transformers` under each layer's mask."""
+    checkpoint = make_hf_checkpoint("llama")
+    engine = LLMEngine(str(checkpoint), SETTINGS.model_copy(update={"max_num_batched_tokens": 128}))
+    engine.runner.summaries.chunk_picks = {}
+    tokens, logits, spans = run(engine, [], QuerySelection(**SELECTION, policy=policy))
+    [picks] = engine.runner.summaries.chunk_picks.values()
+    assert [(chunk.start, chunk.end) for chunk in picks] == [(PROMPT_LEN, PROMPT_LEN + 1)]
+    assert all({0, 7, 8} <= set(attended) and len(attended) == 4 for attended in picks[0].attended)
+    layers = len(engine.runner.kv_caches)
+    masks = layer_masks(PROMPT_LEN + len(tokens) - 1, list(spans), picks, layers)
+    reference = hf_layer_masked_logits(load_hf_reference(checkpoint), prompt() + tokens[:-1], masks)
+    torch.testing.assert_close(logits, reference[PROMPT_LEN - 1:], atol=1e-4, rtol=0)
+    assert spans and all(span.from_position == PROMPT_LEN + 1 for span in spans), "later steps: its own picks"
+
+
 def test_nothing_to_skip_is_the_dense_prefill_bit_for_bit(make_hf_checkpoint: Callable[..., Path]) -> None:
     engine = LLMEngine(str(make_hf_checkpoint("llama")), SETTINGS)
     dense_tokens, dense_logits, _ = run(engine, [])
