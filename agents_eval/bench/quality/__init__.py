@@ -47,15 +47,22 @@ def _head(settings: QualityBenchSettings, measured: Measured, machine: dict[str,
 
 def run_benchmark(settings: QualityBenchSettings, out_dir: Path, engine_settings: EngineSettings | None = None,
                   progress: Progress | None = None) -> QualityResult:
-    """Every transcript under every variant, then the report files. engine_settings' num_threads is overridden."""
+    """Every transcript under every variant, then the report files (rewritten after every engine batch with the
+    transcripts finished so far, `partial: true`). engine_settings' num_threads is overridden."""
     settings.validate()
     start = time.perf_counter()
     machine = machine_info()  # before the run, so its load average shows other work, not ours
-    measured = measure(settings, engine_settings or EngineSettings(), progress or Progress(disable=True))
-    end = {"bench_wall_s": time.perf_counter() - start, "load_average_at_end": list(os.getloadavg())}
-    report = quality_report.report_json(measured.results, _head(settings, measured, machine), end)
-    files = quality_report.write(out_dir, report)
-    return QualityResult(report, files, files.markdown.read_text())
+
+    def write(measured: Measured, partial: bool) -> QualityResult:
+        end = {"bench_wall_s": time.perf_counter() - start, "load_average_at_end": list(os.getloadavg()),
+               "partial": partial}
+        report = quality_report.report_json(measured.results, _head(settings, measured, machine), end)
+        files = quality_report.write(out_dir, report)
+        return QualityResult(report, files, files.markdown.read_text())
+
+    measured = measure(settings, engine_settings or EngineSettings(), progress or Progress(disable=True),
+                       on_batch=lambda so_far: None if not so_far.results else write(so_far, partial=True))
+    return write(measured, partial=False)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -155,7 +155,10 @@ def _outcome(prompt: VariantPrompt, answer: Answer, expected: str, target: int) 
                    asked_observation_read(prompt, answer.picks, target))
 
 
-def measure(settings: QualityBenchSettings, engine_settings: EngineSettings, progress: Progress) -> Measured:
+def measure(settings: QualityBenchSettings, engine_settings: EngineSettings, progress: Progress,
+            on_batch: Callable[[Measured], object] | None = None) -> Measured:
+    """Every transcript under every variant (screened: the others only where full answers); `on_batch` hears
+    the transcripts finished so far after every engine batch, so a long run leaves a report as it goes."""
     start = time.perf_counter()
     torch.set_num_threads(settings.threads)
     engine = LLMEngine(settings.model, engine_settings.model_copy(update={"num_threads": settings.threads}))
@@ -165,14 +168,22 @@ def measure(settings: QualityBenchSettings, engine_settings: EngineSettings, pro
     prompts = [{v: build_prompt(t, v, template, tokenizer, policies) for v in VARIANTS} for t in transcripts]
     params = SamplingParams(max_tokens=settings.max_tokens, temperature=0.0)
     done: list[dict[str, Answer]] = [{} for _ in transcripts]
+    keep = policies.settings.masks.keep_last_tool_observations
+
+    def measured() -> Measured:
+        finished = [i for i, t in enumerate(transcripts) if set(VARIANTS) <= done[i].keys()
+                    or (settings.screen and "full" in done[i] and not full_answers(done[i]["full"], t))]
+        results = [TranscriptResult(transcripts[i], {v: _outcome(prompts[i][v], done[i][v], transcripts[i].answer,
+                                                                 transcripts[i].target)
+                                                     for v in VARIANTS if v in done[i]}, keep) for i in finished]
+        return Measured(results, engine, policies, time.perf_counter() - start)
+
+    def batch_done() -> None:
+        if on_batch is not None:
+            on_batch(measured())
+
     if settings.screen:
-        screen = progress.add_task(f"{len(transcripts)} transcripts under full on {settings.model}",
-                                   total=len(transcripts))
-        for batch in _batches(len(transcripts), settings.batch):
-            answers = complete(engine, [prompts[i]["full"] for i in batch], params,
-                               lambda n: progress.advance(screen, n))
-            for i, answer in zip(batch, answers, strict=True):
-                done[i]["full"] = answer
+        _screen(engine, [p["full"] for p in prompts], params, progress, settings.batch, done, batch_done)
     chosen = [i for i, t in enumerate(transcripts) if not settings.screen or full_answers(done[i]["full"], t)]
     task = progress.add_task(f"{len(chosen)} transcripts x {len(VARIANTS)} variants on {settings.model}",
                              total=len(chosen) * (len(VARIANTS) + len(HISTORIES) - int(settings.screen)))
@@ -180,10 +191,19 @@ def measure(settings: QualityBenchSettings, engine_settings: EngineSettings, pro
         picked = [chosen[j] for j in batch]
         _run_batch(engine, [prompts[i] for i in picked], params, lambda n: progress.advance(task, n),
                    [done[i] for i in picked])
-    keep = policies.settings.masks.keep_last_tool_observations
-    results = [TranscriptResult(t, {v: _outcome(prompts[i][v], done[i][v], t.answer, t.target)
-                                    for v in VARIANTS if v in done[i]}, keep) for i, t in enumerate(transcripts)]
-    return Measured(results, engine, policies, time.perf_counter() - start)
+        batch_done()
+    return measured()
+
+
+def _screen(engine: LLMEngine, prompts: Sequence[VariantPrompt], params: SamplingParams, progress: Progress,
+            size: int, done: list[dict[str, Answer]], batch_done: Callable[[], None]) -> None:
+    """Every transcript under full, in batches of `size`: `done[i]["full"]`."""
+    task = progress.add_task(f"{len(prompts)} transcripts under full", total=len(prompts))
+    for batch in _batches(len(prompts), size):
+        answers = complete(engine, [prompts[i] for i in batch], params, lambda n: progress.advance(task, n))
+        for i, answer in zip(batch, answers, strict=True):
+            done[i]["full"] = answer
+        batch_done()
 
 
 def full_answers(answer: Answer, transcript: Transcript) -> bool:
