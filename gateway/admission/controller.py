@@ -11,7 +11,8 @@ the rate the engine was seen to do it, must fit a share (`headroom`) of the SLO.
 Out of the box (no TTFT SLO set) the SLO is derived from the host's measured speed: the time to prefill one full
 context window (`slo_context_tokens`) at the measured prefill rate, at least `MIN_DERIVED_SLO_S`: on a slow CPU a
 fixed few seconds would refuse work the server is serving at its own pace, and in tokens the budget is the
-same on any host.
+same on any host. Before the first token has measured the rate there is no SLO: an initial guess of a
+fast host's rate would refuse a slow host's first turns after seconds of waiting.
 
 A stall (the oldest queued prompt overdue, or the streams silent, by more than the TTFT budget) refuses
 everything until the engine answers again: a request admitted then would wait the stall out.
@@ -91,6 +92,7 @@ class AdmissionController:
         self.slo_context_tokens = slo_context_tokens
         self._initial_prefill_tokens_per_s = float(initial_prefill_tokens_per_s)
         self._prefill = RateEstimate(ema_alpha, self._initial_prefill_tokens_per_s, 1.0)  # prompt tokens per second
+        self._prefill_measured = False  # a first token seen: the rate is more than the initial guess
         self._decode = RateEstimate(ema_alpha)  # stream-tokens per second; unmeasured at the start
         self._clock = clock
         self._queued: dict[str, int] = {}  # request id -> prompt tokens, oldest first
@@ -109,9 +111,12 @@ class AdmissionController:
 
     @property
     def slo_s(self) -> float:
-        """The TTFT SLO: the one set, else a full context's prefill at the measured rate (at least the floor)."""
+        """The TTFT SLO: the one set, else a full context's prefill at the measured rate (at least the floor);
+        none (infinite) before a first token measured it: nothing is refused on a guessed speed."""
         if self.ttft_slo_s is not None:
             return self.ttft_slo_s
+        if not self._prefill_measured:
+            return math.inf
         return max(MIN_DERIVED_SLO_S, self.slo_context_tokens / self.prefill_tokens_per_s)
 
     @property
@@ -254,6 +259,7 @@ class AdmissionController:
         now = self._clock()
         if first_token:
             self._prefill.observe(tokens, now - self._drained_at)
+            self._prefill_measured = True
             self._drained_at = self._token_at = now
         if was_head:
             self._head_since = now

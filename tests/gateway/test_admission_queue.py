@@ -5,6 +5,7 @@ requests' outcomes, never on time."""
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass
 
 import pytest
@@ -136,14 +137,20 @@ async def test_an_admitted_retry_forgets_its_first_arrival() -> None:
 def test_the_derived_slo_is_a_full_context_at_the_measured_prefill_rate() -> None:
     clock = Clock()
     admission = AdmissionController(None, 2000.0, clock=clock, slo_context_tokens=8192, ema_alpha=1.0)
-    assert admission.slo_s == MIN_DERIVED_SLO_S  # 8192 tokens at 2000 tokens/s: 4.1 s, under the floor
+    assert admission.slo_s == math.inf  # nothing measured: the initial 2000 tokens/s is a guess, no SLO
     admission.on_admit("a", 800)
+    assert admission.check(20_000).admit
     clock.now += 10.0
     admission.on_first_token("a")  # 80 tokens/s measured
     assert admission.slo_s == pytest.approx(8192 / 80)
     assert admission.check(3000).admit  # 3,000 tokens queued fit half of 102 s at 80 tokens/s
     admission.on_admit("b", 3000)
     assert not admission.check(2000).admit
+    admission.on_first_token("b")
+    admission.on_admit("c", 10)
+    clock.now += 0.001  # 10 tokens in a millisecond (alpha 1: the latest gap alone): a fast host gets the floor
+    admission.on_first_token("c")
+    assert admission.slo_s == MIN_DERIVED_SLO_S
 
 
 def test_a_set_slo_is_kept() -> None:
