@@ -11,8 +11,9 @@ the rate the engine was seen to do it, must fit a share (`headroom`) of the SLO.
 Out of the box (no TTFT SLO set) the SLO is derived from the host's measured speed: the time to prefill one full
 context window (`slo_context_tokens`) at the measured prefill rate, at least `MIN_DERIVED_SLO_S`: on a slow CPU a
 fixed few seconds would refuse work the server is serving at its own pace, and in tokens the budget is the
-same on any host. Before the first token has measured the rate there is no SLO: an initial guess of a
-fast host's rate would refuse a slow host's first turns after seconds of waiting.
+same on any host. It trusts measurements only: before the first token has measured the rate there is no SLO,
+and the initial guess is not averaged in (a fast host's guess, folded into a slow host's first measurements,
+refused its first turns after seconds of waiting).
 
 A stall (the oldest queued prompt overdue, or the streams silent, by more than the TTFT budget) refuses
 everything until the engine answers again: a request admitted then would wait the stall out.
@@ -92,7 +93,7 @@ class AdmissionController:
         self.slo_context_tokens = slo_context_tokens
         self._initial_prefill_tokens_per_s = float(initial_prefill_tokens_per_s)
         self._prefill = RateEstimate(ema_alpha, self._initial_prefill_tokens_per_s, 1.0)  # prompt tokens per second
-        self._prefill_measured = False  # a first token seen: the rate is more than the initial guess
+        self._measured = RateEstimate(ema_alpha)  # the same, unseeded: what the derived SLO trusts
         self._decode = RateEstimate(ema_alpha)  # stream-tokens per second; unmeasured at the start
         self._clock = clock
         self._queued: dict[str, int] = {}  # request id -> prompt tokens, oldest first
@@ -107,6 +108,8 @@ class AdmissionController:
 
     @property
     def prefill_tokens_per_s(self) -> float:
+        if self.ttft_slo_s is None and self._measured.rate:  # a derived SLO: measurements only, no initial guess
+            return self._measured.rate
         return self._prefill.rate or self._initial_prefill_tokens_per_s  # the initial rate while none is measurable
 
     @property
@@ -115,9 +118,8 @@ class AdmissionController:
         none (infinite) before a first token measured it: nothing is refused on a guessed speed."""
         if self.ttft_slo_s is not None:
             return self.ttft_slo_s
-        if not self._prefill_measured:
-            return math.inf
-        return max(MIN_DERIVED_SLO_S, self.slo_context_tokens / self.prefill_tokens_per_s)
+        rate = self._measured.rate
+        return max(MIN_DERIVED_SLO_S, self.slo_context_tokens / rate) if rate else math.inf
 
     @property
     def decode_tokens_per_s(self) -> float | None:
@@ -259,7 +261,7 @@ class AdmissionController:
         now = self._clock()
         if first_token:
             self._prefill.observe(tokens, now - self._drained_at)
-            self._prefill_measured = True
+            self._measured.observe(tokens, now - self._drained_at)
             self._drained_at = self._token_at = now
         if was_head:
             self._head_since = now

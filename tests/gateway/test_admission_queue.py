@@ -156,3 +156,13 @@ def test_the_derived_slo_is_a_full_context_at_the_measured_prefill_rate() -> Non
 def test_a_set_slo_is_kept() -> None:
     admission = AdmissionController(5.0, 80.0, slo_context_tokens=8192)
     assert admission.slo_s == 5.0
+
+
+def test_the_derived_slo_does_not_average_in_the_initial_guess() -> None:
+    clock = Clock()
+    admission = AdmissionController(None, 2000.0, clock=clock, slo_context_tokens=8192, ema_alpha=0.2)
+    admission.on_admit("a", 800)
+    clock.now += 10.0
+    admission.on_first_token("a")  # one measurement, 80 tokens/s: the seeded rate would still say ~470
+    assert admission.slo_s == pytest.approx(8192 / 80)
+    assert admission.prefill_tokens_per_s == pytest.approx(80.0)
