@@ -131,7 +131,7 @@ def tables(report: dict[str, Any]) -> list[Table]:
 
 def notes(report: dict[str, Any]) -> list[str]:
     settings, policy = report["settings"], report["policies"]
-    return [f"{settings['transcripts']} transcripts (seed {settings['seed']}) on `{settings['model']}`, greedy, up "
+    return [f"{len(report['transcripts'])} transcripts (seed {settings['seed']}) on `{settings['model']}`, greedy, up "
             f"to {settings['max_tokens']} tokens per answer; K = {policy['keep_last_tool_observations']} (masks "
             f"and dropping keep the last K tool observations); {report['bench_wall_s']:.0f} s in all.",
             "Hidden: observation tokens (tool messages, template markers included) the answer's first token does "
@@ -141,6 +141,9 @@ def notes(report: dict[str, Any]) -> list[str]:
             "of compute saved before issue 50). Answer retention: of the "
             "transcripts full answers correctly, the share the "
             "variant answers correctly. Continuation agreement: first 16 generated tokens equal to full's.",
+            "Screened: " + ("every variant but full ran only on the transcripts full answers, so their "
+                            "figures are over those" if settings.get("screen") else "no; every variant ran on every "
+                            "transcript") + ".",
             "Cells of the breakdown tables: accuracy / answer retention. `beyond_last_k`: the question's answer is "
             "in an observation that masks hide and dropping removes, by design."]
 
