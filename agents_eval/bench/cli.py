@@ -28,7 +28,8 @@ BENCHMARKS = {
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="benchmarks (agents_eval); each writes report.json, report.md, a plot")
+    p = sub.add_parser("bench", help="benchmarks (agents_eval); each writes report.json, report.md, a plot",
+                       allow_abbrev=False)  # else a kind's --batch is read as the agent bench's --batch-*
     agent_bench = importlib.import_module("agents_eval.bench.agent.bench")  # `bench --workload W`: no kind
     agent_bench.add_arguments(p)
     p.set_defaults(run=agent_bench.run)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from agentserve.cli import build_parser
+
 AGENTSERVE = str(Path(sys.executable).with_name("agentserve"))
 
 
@@ -105,3 +107,9 @@ def test_help_lists_every_command_without_importing_one() -> None:
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
     assert result.stdout.strip().endswith("[]")
     assert all(name in result.stdout for name in ("generate", "serve", "bench", "simulate", "predictor", "monitor"))
+
+
+def test_a_bench_kind_option_is_not_taken_for_a_prefix_of_the_agent_bench_options() -> None:
+    argv = ["bench", "quality", "--out", "somewhere", "--batch", "5"]  # the agent bench has --batch-sessions, ...
+    args = build_parser(argv).parse_args(argv)
+    assert (args.kind, args.batch) == ("quality", 5)

@@ -47,15 +47,22 @@ def _head(settings: QualityBenchSettings, measured: Measured, machine: dict[str,
 
 def run_benchmark(settings: QualityBenchSettings, out_dir: Path, engine_settings: EngineSettings | None = None,
                   progress: Progress | None = None) -> QualityResult:
-    """Every transcript under every variant, then the report files. engine_settings' num_threads is overridden."""
+    """Every transcript under every variant, then the report files (rewritten after every engine batch with the
+    transcripts finished so far, `partial: true`). engine_settings' num_threads is overridden."""
     settings.validate()
     start = time.perf_counter()
     machine = machine_info()  # before the run, so its load average shows other work, not ours
-    measured = measure(settings, engine_settings or EngineSettings(), progress or Progress(disable=True))
-    end = {"bench_wall_s": time.perf_counter() - start, "load_average_at_end": list(os.getloadavg())}
-    report = quality_report.report_json(measured.results, _head(settings, measured, machine), end)
-    files = quality_report.write(out_dir, report)
-    return QualityResult(report, files, files.markdown.read_text())
+
+    def write(measured: Measured, partial: bool) -> QualityResult:
+        end = {"bench_wall_s": time.perf_counter() - start, "load_average_at_end": list(os.getloadavg()),
+               "partial": partial}
+        report = quality_report.report_json(measured.results, _head(settings, measured, machine), end)
+        files = quality_report.write(out_dir, report)
+        return QualityResult(report, files, files.markdown.read_text())
+
+    measured = measure(settings, engine_settings or EngineSettings(), progress or Progress(disable=True),
+                       on_batch=lambda so_far: None if not so_far.results else write(so_far, partial=True))
+    return write(measured, partial=False)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,11 +74,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens, help="tokens per answer (greedy)")
     parser.add_argument("--batch", type=int, default=defaults.batch, help="transcripts per engine batch")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
+    parser.add_argument("--every-variant", action="store_true",
+                        help="run every variant on every transcript (default: only on those full answers)")
 
 
 def run(args: argparse.Namespace) -> None:
     settings = QualityBenchSettings(model=args.model, transcripts=args.transcripts, seed=args.seed,
-                                    max_tokens=args.max_tokens, batch=args.batch, num_threads=args.threads)
+                                    max_tokens=args.max_tokens, batch=args.batch, num_threads=args.threads,
+                                    screen=not args.every_variant)
     with Progress() as progress:
         result = run_benchmark(settings, args.out, progress=progress)
     print(result.markdown)

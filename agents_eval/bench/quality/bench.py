@@ -1,5 +1,9 @@
 """Run every transcript under every variant through the engine, greedy, and score the answers.
 
+Screening (the default): every transcript runs under `full` first, and only those whose question full answers
+run under the other variants; retention is measured on those alone, so the rest would add compute and no
+answer. `screen=False` runs every variant on every transcript.
+
 Transcripts go in batches: first `full` and `pruned`, then the variants that share their prefixes
 (`age` shares full's tokens up to its first mask, `pruned+age` pruned's), so the prefix cache computes shared
 blocks once. A `query` or `attention` variant's history (up to its last turn) is prefilled first, as the earlier
@@ -19,7 +23,7 @@ from rich.progress import Progress
 
 from agents_eval.bench.quality.answers import mentions
 from agents_eval.bench.quality.scoring import Outcome, TranscriptResult
-from agents_eval.bench.quality.transcripts import generate_transcripts
+from agents_eval.bench.quality.transcripts import Transcript, generate_transcripts
 from agents_eval.bench.quality.variants import VARIANTS, VariantPrompt, build_prompt
 from agents_eval.harness.report import check_settings
 from engine.config import EngineSettings
@@ -45,6 +49,7 @@ class QualityBenchSettings:
     max_tokens: int = 24
     batch: int = 4  # transcripts per engine batch
     num_threads: int = 0  # 0: every core
+    screen: bool = True  # the variants other than full only on the transcripts full answers
 
     def validate(self) -> None:
         check_settings([
@@ -102,15 +107,14 @@ def _job_prompt(prompts: dict[str, VariantPrompt], job: str) -> VariantPrompt:
 
 
 def _run_batch(engine: LLMEngine, prompts: Sequence[dict[str, VariantPrompt]], params: SamplingParams,
-               advance: Advance) -> list[dict[str, Answer]]:
-    done: list[dict[str, Answer]] = [{} for _ in prompts]
+               advance: Advance, done: list[dict[str, Answer]]) -> None:
+    """Every job of every phase not yet in `done` (a screened transcript's `full`), in place."""
     for jobs_of_phase in PHASES:
-        jobs = [(i, job) for i in range(len(prompts)) for job in jobs_of_phase]
+        jobs = [(i, job) for i in range(len(prompts)) for job in jobs_of_phase if job not in done[i]]
         answers = complete(engine, [_job_prompt(prompts[i], job) for i, job in jobs],
                            HISTORY_PARAMS if jobs_of_phase == HISTORIES else params, advance)
         for (i, job), answer in zip(jobs, answers, strict=True):
             done[i][job] = answer
-    return done
 
 
 def attended_observation_tokens(prompt: VariantPrompt, picks: Sequence[ChunkPicks]) -> float:
@@ -151,7 +155,10 @@ def _outcome(prompt: VariantPrompt, answer: Answer, expected: str, target: int) 
                    asked_observation_read(prompt, answer.picks, target))
 
 
-def measure(settings: QualityBenchSettings, engine_settings: EngineSettings, progress: Progress) -> Measured:
+def measure(settings: QualityBenchSettings, engine_settings: EngineSettings, progress: Progress,
+            on_batch: Callable[[Measured], object] | None = None) -> Measured:
+    """Every transcript under every variant (screened: the others only where full answers); `on_batch` hears
+    the transcripts finished so far after every engine batch, so a long run leaves a report as it goes."""
     start = time.perf_counter()
     torch.set_num_threads(settings.threads)
     engine = LLMEngine(settings.model, engine_settings.model_copy(update={"num_threads": settings.threads}))
@@ -159,16 +166,50 @@ def measure(settings: QualityBenchSettings, engine_settings: EngineSettings, pro
     template, tokenizer, policies = load_chat_template(engine.checkpoint), _tokenizer(engine), Policies.load()
     transcripts = generate_transcripts(settings.transcripts, settings.seed)
     prompts = [{v: build_prompt(t, v, template, tokenizer, policies) for v in VARIANTS} for t in transcripts]
-    task = progress.add_task(f"{len(transcripts)} transcripts x {len(VARIANTS)} variants on {settings.model}",
-                             total=len(transcripts) * (len(VARIANTS) + len(HISTORIES)))
     params = SamplingParams(max_tokens=settings.max_tokens, temperature=0.0)
+    done: list[dict[str, Answer]] = [{} for _ in transcripts]
     keep = policies.settings.masks.keep_last_tool_observations
-    results = []
-    for first in range(0, len(transcripts), settings.batch):
-        batch = slice(first, first + settings.batch)
-        completions = _run_batch(engine, prompts[batch], params, lambda n: progress.advance(task, n))
-        for transcript, variant_prompts, done in zip(transcripts[batch], prompts[batch], completions, strict=True):
-            outcomes = {v: _outcome(variant_prompts[v], done[v], transcript.answer, transcript.target)
-                        for v in VARIANTS}
-            results.append(TranscriptResult(transcript, outcomes, keep))
-    return Measured(results, engine, policies, time.perf_counter() - start)
+
+    def measured() -> Measured:
+        finished = [i for i, t in enumerate(transcripts) if set(VARIANTS) <= done[i].keys()
+                    or (settings.screen and "full" in done[i] and not full_answers(done[i]["full"], t))]
+        results = [TranscriptResult(transcripts[i], {v: _outcome(prompts[i][v], done[i][v], transcripts[i].answer,
+                                                                 transcripts[i].target)
+                                                     for v in VARIANTS if v in done[i]}, keep) for i in finished]
+        return Measured(results, engine, policies, time.perf_counter() - start)
+
+    def batch_done() -> None:
+        if on_batch is not None:
+            on_batch(measured())
+
+    if settings.screen:
+        _screen(engine, [p["full"] for p in prompts], params, progress, settings.batch, done, batch_done)
+    chosen = [i for i, t in enumerate(transcripts) if not settings.screen or full_answers(done[i]["full"], t)]
+    task = progress.add_task(f"{len(chosen)} transcripts x {len(VARIANTS)} variants on {settings.model}",
+                             total=len(chosen) * (len(VARIANTS) + len(HISTORIES) - int(settings.screen)))
+    for batch in _batches(len(chosen), settings.batch):
+        picked = [chosen[j] for j in batch]
+        _run_batch(engine, [prompts[i] for i in picked], params, lambda n: progress.advance(task, n),
+                   [done[i] for i in picked])
+        batch_done()
+    return measured()
+
+
+def _screen(engine: LLMEngine, prompts: Sequence[VariantPrompt], params: SamplingParams, progress: Progress,
+            size: int, done: list[dict[str, Answer]], batch_done: Callable[[], None]) -> None:
+    """Every transcript under full, in batches of `size`: `done[i]["full"]`."""
+    task = progress.add_task(f"{len(prompts)} transcripts under full", total=len(prompts))
+    for batch in _batches(len(prompts), size):
+        answers = complete(engine, [prompts[i] for i in batch], params, lambda n: progress.advance(task, n))
+        for i, answer in zip(batch, answers, strict=True):
+            done[i]["full"] = answer
+        batch_done()
+
+
+def full_answers(answer: Answer, transcript: Transcript) -> bool:
+    """The screen: whether full's answer holds the expected string."""
+    return mentions(answer.completion.text, transcript.answer)
+
+
+def _batches(count: int, size: int) -> list[list[int]]:
+    return [list(range(first, min(first + size, count))) for first in range(0, count, size)]

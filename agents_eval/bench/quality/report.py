@@ -141,6 +141,9 @@ def notes(report: dict[str, Any]) -> list[str]:
             "of compute saved before issue 50). Answer retention: of the "
             "transcripts full answers correctly, the share the "
             "variant answers correctly. Continuation agreement: first 16 generated tokens equal to full's.",
+            "Screened: " + ("every variant but full ran only on the transcripts full answers, so their "
+                            "figures are over those" if settings.get("screen") else "no; every variant ran on every "
+                            "transcript") + ".",
             "Cells of the breakdown tables: accuracy / answer retention. `beyond_last_k`: the question's answer is "
             "in an observation that masks hide and dropping removes, by design."]
 

@@ -78,6 +78,8 @@ def _share(count: int, total: int) -> float | None:
 
 
 def variant_figures(results: Sequence[TranscriptResult], variant: str) -> dict[str, Any]:
+    """Over the transcripts run under the variant (screened: those full answers, for every variant but full)."""
+    results = [r for r in results if variant in r.outcomes]
     full_tokens = sum(r.outcomes[REFERENCE].observation_tokens for r in results)
     attended = sum(r.outcomes[variant].attended_observation_tokens for r in results)
     in_prompt = sum(r.outcomes[variant].observation_tokens for r in results)

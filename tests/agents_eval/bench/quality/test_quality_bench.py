@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from agents_eval.bench.quality import QualityBenchSettings, QualityResult, run_benchmark
+from agents_eval.bench.quality import QualityBenchSettings, QualityResult, bench, run_benchmark
+from agents_eval.bench.quality import report as quality_report
 from agents_eval.bench.quality.answers import mentions
 from agents_eval.bench.quality.scoring import dropped_retention_at, headline_goals, token_agreement
 from agents_eval.bench.quality.transcripts import Transcript, generate_transcripts
@@ -120,8 +121,31 @@ def test_cli_rejects_bad_settings_before_loading_a_model(tmp_path: Path, capsys:
 
 @pytest.fixture(scope="module")
 def three(tmp_path_factory: pytest.TempPathFactory) -> QualityResult:
-    settings = QualityBenchSettings(model="smollm2", transcripts=3, seed=0, num_threads=1)
+    settings = QualityBenchSettings(model="smollm2", transcripts=3, seed=0, num_threads=1, screen=False)
     return run_benchmark(settings, tmp_path_factory.mktemp("quality-bench"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_screening_runs_the_other_variants_only_where_full_answers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench, "full_answers", lambda answer, transcript: transcript.index == 1)
+    written: list[tuple[bool, int]] = []  # each report written: (partial, transcripts in it)
+    write = quality_report.write
+
+    def recording_write(out: Path, report: dict[str, Any]) -> quality_report.ReportFiles:
+        written.append((report["partial"], len(report["transcripts"])))
+        return write(out, report)
+
+    monkeypatch.setattr(quality_report, "write", recording_write)
+    settings = QualityBenchSettings(model="smollm2", transcripts=2, seed=0, max_tokens=4, num_threads=1)
+    report = run_benchmark(settings, tmp_path).report
+    assert written == [(True, 1), (True, 2), (False, 2)]  # after the screen, after the variants' batch, at the end
+    first, kept = report["transcripts"]
+    assert set(first["variants"]) == {"full"} and set(kept["variants"]) == set(VARIANTS)
+    assert report["variants"]["full"]["transcripts"] == 2
+    assert all(report["variants"][v]["transcripts"] == 1 for v in VARIANTS if v != "full")
+    assert report["settings"]["screen"] is True
 
 
 def _tool_block(content: str) -> str:
