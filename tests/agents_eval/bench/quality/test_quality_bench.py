@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -113,39 +114,57 @@ def test_token_agreement_counts_positions_up_to_sixteen() -> None:
     assert token_agreement([], []) == 1.0
 
 
-def test_cli_rejects_bad_settings_before_loading_a_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(("args", "message"), [(["--transcripts", "0"], "--transcripts"),
+                                               (["--variants", "age", "sparse"], "unknown sparse"),
+                                               (["--indices", "3", "-1"], "--indices")])
+def test_cli_rejects_bad_settings_before_loading_a_model(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                         args: list[str], message: str) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        main(["bench", "quality", "--out", str(tmp_path), "--transcripts", "0"])
-    assert exit_info.value.code == EXIT_BAD_INPUT and "--transcripts" in capsys.readouterr().err
+        main(["bench", "quality", "--out", str(tmp_path), *args])
+    assert exit_info.value.code == EXIT_BAD_INPUT and message in capsys.readouterr().err
+
+
+def test_indices_take_those_of_the_seeds_transcripts_in_order() -> None:
+    every = generate_transcripts(8, seed=0)
+    picked = bench._transcripts(QualityBenchSettings(indices=(7, 2, 7)))
+    assert [t.index for t in picked] == [2, 7] and picked == [every[2], every[7]]
+
+
+SCREENED_OUT = 1  # the fixture's screen lets transcripts 0 and 2 through, whatever full answered
+
+
+@dataclass
+class Screened:
+    result: QualityResult
+    written: list[tuple[bool, int]]  # each report written: (partial, transcripts in it)
 
 
 @pytest.fixture(scope="module")
-def three(tmp_path_factory: pytest.TempPathFactory) -> QualityResult:
-    settings = QualityBenchSettings(model="smollm2", transcripts=3, seed=0, num_threads=1, screen=False)
-    return run_benchmark(settings, tmp_path_factory.mktemp("quality-bench"))
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(3600)
-def test_screening_runs_the_other_variants_only_where_full_answers(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bench, "full_answers", lambda answer, transcript: transcript.index == 1)
-    written: list[tuple[bool, int]] = []  # each report written: (partial, transcripts in it)
+def three(tmp_path_factory: pytest.TempPathFactory) -> Screened:
+    written: list[tuple[bool, int]] = []
     write = quality_report.write
 
     def recording_write(out: Path, report: dict[str, Any]) -> quality_report.ReportFiles:
         written.append((report["partial"], len(report["transcripts"])))
         return write(out, report)
 
-    monkeypatch.setattr(quality_report, "write", recording_write)
-    settings = QualityBenchSettings(model="smollm2", transcripts=2, seed=0, max_tokens=4, num_threads=1)
-    report = run_benchmark(settings, tmp_path).report
-    assert written == [(True, 1), (True, 2), (False, 2)]  # after the screen, after the variants' batch, at the end
-    first, kept = report["transcripts"]
-    assert set(first["variants"]) == {"full"} and set(kept["variants"]) == set(VARIANTS)
-    assert report["variants"]["full"]["transcripts"] == 2
-    assert all(report["variants"][v]["transcripts"] == 1 for v in VARIANTS if v != "full")
-    assert report["settings"]["screen"] is True
+    settings = QualityBenchSettings(model="smollm2", transcripts=3, seed=0, batch=2, num_threads=1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bench, "full_answers", lambda answer, transcript: transcript.index != SCREENED_OUT)
+        patch.setattr(quality_report, "write", recording_write)
+        return Screened(run_benchmark(settings, tmp_path_factory.mktemp("quality-bench")), written)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_screening_runs_the_other_variants_only_where_full_answers(three: Screened) -> None:
+    # screen batches [0, 1] and [2], then the variants' batch [0, 2], then the end
+    assert three.written == [(True, 1), (True, 1), (True, 3), (False, 3)]
+    report = three.result.report
+    assert [set(t["variants"]) for t in report["transcripts"]] == [set(VARIANTS), {"full"}, set(VARIANTS)]
+    assert report["variants"]["full"]["transcripts"] == 3
+    assert all(report["variants"][v]["transcripts"] == 2 for v in VARIANTS if v != "full")
+    assert report["settings"]["screen"] is True and report["partial"] is False
 
 
 def _tool_block(content: str) -> str:
@@ -187,8 +206,8 @@ def test_the_two_goals_take_the_best_variant_and_dropping_at_equal_savings() -> 
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)  # three transcripts of ten observations, five variants, on SmolLM2 (a busy host: 600 s+)
-def test_three_transcripts_every_figure_recounted(three: QualityResult, smollm2_tokenizer: Tokenizer) -> None:
-    report = json.loads(three.files.json.read_text())
+def test_three_transcripts_every_figure_recounted(three: Screened, smollm2_tokenizer: Tokenizer) -> None:
+    report = json.loads(three.result.files.json.read_text())
     keep = TrajectorySettings().masks.keep_last_tool_observations
     transcripts = generate_transcripts(3, seed=0)
     entries = report["transcripts"]
@@ -196,6 +215,8 @@ def test_three_transcripts_every_figure_recounted(three: QualityResult, smollm2_
         assert (t.kind, t.position, len(t.observations), t.target, t.answer) == (kind, position, count, asked, answer)
         assert (entry["kind"], entry["position"], entry["answer"]) == (kind, position, answer)
         for variant, (seen, attended) in _hand_counts(t, _count(smollm2_tokenizer), keep).items():
+            if variant not in entry["variants"]:  # screened out: full alone
+                continue
             outcome = entry["variants"][variant]
             assert outcome["observation_tokens"] == seen
             if variant in PICKING:  # the engine's picks: the last K observations always, at most all of them
@@ -205,8 +226,9 @@ def test_three_transcripts_every_figure_recounted(three: QualityResult, smollm2_
                 assert outcome["attended_observation_tokens"] == attended
             assert outcome["correct"] == _holds(outcome["text"], answer)
     for variant in VARIANTS:
-        _check_variant(report["variants"][variant], [e["variants"][variant] for e in entries],
-                       [e["variants"]["full"] for e in entries])
+        ran = [e for e in entries if variant in e["variants"]]
+        _check_variant(report["variants"][variant], [e["variants"][variant] for e in ran],
+                       [e["variants"]["full"] for e in ran])
 
 
 def _check_variant(figures: dict[str, Any], own: list[dict[str, Any]], full: list[dict[str, Any]]) -> None:
@@ -220,22 +242,23 @@ def _check_variant(figures: dict[str, Any], own: list[dict[str, Any]], full: lis
     answered = [i for i, f in enumerate(full) if f["correct"]]
     retention = sum(own[i]["correct"] for i in answered) / len(answered) if answered else None
     assert figures["answer_retention"] == (pytest.approx(retention) if answered else None)
-    assert figures["accuracy"] == pytest.approx(sum(o["correct"] for o in own) / 3)
+    assert figures["accuracy"] == pytest.approx(sum(o["correct"] for o in own) / len(own))
     same = [o["token_ids"][:16] == f["token_ids"][:16] for o, f in zip(own, full, strict=True)]
-    assert figures["continuation_agreement"] == pytest.approx(sum(same) / 3)
+    assert figures["continuation_agreement"] == pytest.approx(sum(same) / len(own))
     shares = []
     for o, f in zip(own, full, strict=True):
         a, b = o["token_ids"][:16], f["token_ids"][:16]
         shares.append(sum(x == y for x, y in zip(a, b, strict=False)) / max(len(a), len(b), 1))
-    assert figures["mean_token_agreement"] == pytest.approx(sum(shares) / 3)
+    assert figures["mean_token_agreement"] == pytest.approx(sum(shares) / len(own))
     met = hidden >= 0.3 and saved >= 0.3 and retention is not None and retention >= 0.95
     assert figures["goal"]["met"] == met
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
-def test_three_transcripts_saving_order_and_report_files(three: QualityResult) -> None:
-    variants = three.report["variants"]
+def test_three_transcripts_saving_order_and_report_files(three: Screened) -> None:
+    result = three.result
+    variants = result.report["variants"]
     hidden = {v: variants[v]["hidden_ratio"] for v in VARIANTS}
     assert hidden["full"] == 0 and 0 < hidden["pruned"] < hidden["pruned+age"]
     assert hidden["age"] < hidden["pruned+age"] and 0 < hidden["dropped"] < hidden["age"]
@@ -244,14 +267,14 @@ def test_three_transcripts_saving_order_and_report_files(three: QualityResult) -
     assert never["full"] == never["age"] == never["query"] == never["attention"] == 0  # prefilled, held
     assert never["pruned"] == pytest.approx(never["pruned+age"]) == pytest.approx(never["pruned+query"])
     assert never["dropped"] == pytest.approx(hidden["dropped"])
-    goals = three.report["goals"]
+    goals = result.report["goals"]
     headline, per_variant = goals[:2], goals[2:]
     assert {g["name"].split(":")[0] for g in per_variant} == set(VARIANTS) - {"full"}
     assert len(per_variant) == 3 * (len(VARIANTS) - 1) and headline[1]["target"] == 0.15
     assert all({"name", "target", "bound", "measured", "met"} <= set(g) and g["bound"] == "min" for g in goals)
     assert variants["full"]["continuation_agreement"] == 1.0
     assert variants["age"]["continuation_agreement"] < 1.0  # the masks reach the engine's attention
-    markdown = three.files.markdown.read_text()
+    markdown = result.files.markdown.read_text()
     assert all(f"| {v} |" in markdown for v in VARIANTS)
     assert "goal (>=30% hidden, >=30% compute saved, >=95% retained)" in markdown
-    assert three.files.chart.read_bytes().startswith(b"\x89PNG")
+    assert result.files.chart.read_bytes().startswith(b"\x89PNG")
