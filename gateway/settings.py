@@ -20,7 +20,8 @@ class LimitSettings(BaseModel):
     max_ws_message_bytes: int = 4 * 1024 * 1024
     ws_max_connection_age_s: float = 3600.0
     ws_ping_interval_s: float = 20.0
-    ttft_slo_s: float = 5.0  # admission: reject when the queued prefill work would exceed it
+    ttft_slo_s: float | None = None  # admission: queue, then refuse, when the queued prefill would exceed it;
+    # None: derived, a full context's prefill at the measured rate (gateway.admission)
     tpot_slo_s: float | None = None  # admission: reject when the streams in flight would exceed it; None: no check
     initial_prefill_tokens_per_s: float = 2000.0
     max_sessions_per_key: int | None = Field(default=None, ge=1)  # sessions a key holds; None: no limit

@@ -175,9 +175,9 @@ def swing(args: argparse.Namespace) -> Report:
     started = time.monotonic()
     runs = sw.run_all(base, load, args.jobs)
     workers = sw.base_workers(base)
-    static_prefill = sw.static_split(runs["controller"], workers)
-    static = f"fixed {static_prefill}P/{workers - static_prefill}D"
     fixed = [runs[name] for name in runs if name.startswith("fixed")]
+    static_prefill = sw.static_split(load.plan, sw.best_split_per_window(fixed), workers)
+    static = f"fixed {static_prefill}P/{workers - static_prefill}D"
     shift_rows = sr.shifts(runs["controller"], load.plan, args.warmup, workers, sr.demands_capacity(fixed, load.plan))
     move_rows = sr.moves(runs["controller"], load.plan)
     rows = sr.configurations(runs, static)

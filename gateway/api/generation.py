@@ -72,14 +72,16 @@ async def generate_choices(gw: GatewayState, prompt: Sequence[int], params: list
                            stats: TurnStats, masked_spans: Sequence[MaskedSpan] = (),
                            session: SessionRef | None = None, every_token: bool = True,
                            selection: QuerySelection | None = None) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """Run len(params) choices of one prompt, once admission control lets it in; only choice 0 pins the
-    session's KV. Raises APIError 503 (with Retry-After) when the queued prefill work would break the TTFT
-    SLO, or its streams with those in flight the TPOT SLO. Without `every_token` (a reply not streamed) each
+    """Run len(params) choices of one prompt, once admission control lets it in (it waits its turn in
+    `gateway.admission.queue` while that fits the TTFT budget); only choice 0 pins the session's KV. Raises APIError 503
+    (with Retry-After) when the queued prefill work would break the TTFT SLO, or its streams with those in flight
+    the TPOT SLO, for longer than the budget lets it wait. Without `every_token` (a reply not streamed) each
     choice gives two outputs, its first token's and its last (`AsyncLLMEngine.generate`)."""
     request_id = fresh_id("req-")
     trace = gw.metrics.request_started(stats.endpoint)
     decode = sum(gw.signals.expected_output_tokens(stats.session_id, p.max_tokens) for p in params)
-    decision = gw.admission.try_admit(request_id, stats.prefill_estimate, decode_tokens=decode, streams=len(params))
+    key = stats.session_id or f"prompt-{hash(tuple(prompt))}"  # a refused request's retry keeps its place
+    decision = await gw.admission_queue.admit(request_id, stats.prefill_estimate, key, decode, len(params))
     if not decision.admit:
         gw.metrics.rejected(decision.reason)
         raise _overloaded(decision)

@@ -64,7 +64,7 @@ def build_state(settings: GatewaySettings, engine: ServingEngine) -> GatewayStat
     sessions = manager(store, template, engine.tokenizer, Policies.load(), settings.session_ttl_s)
     limits = settings.limits
     admission = AdmissionController(limits.ttft_slo_s, limits.initial_prefill_tokens_per_s,
-                                    tpot_slo_s=limits.tpot_slo_s)
+                                    tpot_slo_s=limits.tpot_slo_s, slo_context_tokens=engine.max_model_len)
     signals = load_signals(settings, async_engine)
     signals.watch(admission)  # the admitted work is the capacity controller's demand
     holds = HoldLimits(limits.max_sessions_per_key, limits.max_websockets_per_key)

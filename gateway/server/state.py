@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine import AsyncLLMEngine, SamplingDefaults, ServingEngine, Tokenizer
-from gateway.admission import AdmissionController
+from gateway.admission import AdmissionController, AdmissionQueue
 from gateway.auth import KeyRing
 from gateway.load_signals import LoadSignals
 from gateway.metrics import Metrics
@@ -30,6 +30,10 @@ class GatewayState:
     draining: bool = False
     in_flight: int = 0  # API requests not yet fully answered
     websockets: dict[str, int] = field(default_factory=dict)  # principal -> open Responses WebSockets
+    admission_queue: AdmissionQueue = field(init=False)  # the line in front of `admission`
+
+    def __post_init__(self) -> None:
+        self.admission_queue = AdmissionQueue(self.admission)
 
     @property
     def serving_engine(self) -> ServingEngine:

@@ -74,6 +74,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens, help="tokens per answer (greedy)")
     parser.add_argument("--batch", type=int, default=defaults.batch, help="transcripts per engine batch")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
+    parser.add_argument("--variants", nargs="+", default=list(defaults.variants),
+                        help="the variants to run (full always runs: the reference)")
+    parser.add_argument("--indices", nargs="+", type=int, default=[],
+                        help="only these of the seed's transcripts (default: the first --transcripts)")
     parser.add_argument("--every-variant", action="store_true",
                         help="run every variant on every transcript (default: only on those full answers)")
 
@@ -81,7 +85,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     settings = QualityBenchSettings(model=args.model, transcripts=args.transcripts, seed=args.seed,
                                     max_tokens=args.max_tokens, batch=args.batch, num_threads=args.threads,
-                                    screen=not args.every_variant)
+                                    screen=not args.every_variant, variants=tuple(args.variants),
+                                    indices=tuple(args.indices))
     with Progress() as progress:
         result = run_benchmark(settings, args.out, progress=progress)
     print(result.markdown)

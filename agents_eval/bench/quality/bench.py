@@ -50,9 +50,14 @@ class QualityBenchSettings:
     batch: int = 4  # transcripts per engine batch
     num_threads: int = 0  # 0: every core
     screen: bool = True  # the variants other than full only on the transcripts full answers
+    variants: tuple[str, ...] = VARIANTS  # full always runs: the reference
+    indices: tuple[int, ...] = ()  # only these of the seed's transcripts (e.g. those full answered before)
 
     def validate(self) -> None:
+        unknown = sorted(set(self.variants) - set(VARIANTS))
         check_settings([
+            (not unknown, f"--variants: unknown {', '.join(unknown)} (known: {', '.join(VARIANTS)})"),
+            (all(i >= 0 for i in self.indices), "--indices must be transcript numbers, 0 or more"),
             (self.transcripts >= 1, "--transcripts must be at least 1"),
             (self.max_tokens >= 1, "--max-tokens must be at least 1"),
             (self.batch >= 1, "--batch must be at least 1"),
@@ -110,7 +115,8 @@ def _run_batch(engine: LLMEngine, prompts: Sequence[dict[str, VariantPrompt]], p
                advance: Advance, done: list[dict[str, Answer]]) -> None:
     """Every job of every phase not yet in `done` (a screened transcript's `full`), in place."""
     for jobs_of_phase in PHASES:
-        jobs = [(i, job) for i in range(len(prompts)) for job in jobs_of_phase if job not in done[i]]
+        jobs = [(i, job) for i in range(len(prompts)) for job in jobs_of_phase
+                if job not in done[i] and job.partition(":")[0] in prompts[i]]
         answers = complete(engine, [_job_prompt(prompts[i], job) for i, job in jobs],
                            HISTORY_PARAMS if jobs_of_phase == HISTORIES else params, advance)
         for (i, job), answer in zip(jobs, answers, strict=True):
@@ -164,18 +170,19 @@ def measure(settings: QualityBenchSettings, engine_settings: EngineSettings, pro
     engine = LLMEngine(settings.model, engine_settings.model_copy(update={"num_threads": settings.threads}))
     engine.runner.summaries.chunk_picks = {}  # what each `query` and `attention` prefill chunk read
     template, tokenizer, policies = load_chat_template(engine.checkpoint), _tokenizer(engine), Policies.load()
-    transcripts = generate_transcripts(settings.transcripts, settings.seed)
-    prompts = [{v: build_prompt(t, v, template, tokenizer, policies) for v in VARIANTS} for t in transcripts]
+    transcripts = _transcripts(settings)
+    wanted = ("full", *(v for v in VARIANTS if v in settings.variants and v != "full"))
+    prompts = [{v: build_prompt(t, v, template, tokenizer, policies) for v in wanted} for t in transcripts]
     params = SamplingParams(max_tokens=settings.max_tokens, temperature=0.0)
     done: list[dict[str, Answer]] = [{} for _ in transcripts]
     keep = policies.settings.masks.keep_last_tool_observations
 
     def measured() -> Measured:
-        finished = [i for i, t in enumerate(transcripts) if set(VARIANTS) <= done[i].keys()
+        finished = [i for i, t in enumerate(transcripts) if set(wanted) <= done[i].keys()
                     or (settings.screen and "full" in done[i] and not full_answers(done[i]["full"], t))]
         results = [TranscriptResult(transcripts[i], {v: _outcome(prompts[i][v], done[i][v], transcripts[i].answer,
                                                                  transcripts[i].target)
-                                                     for v in VARIANTS if v in done[i]}, keep) for i in finished]
+                                                     for v in wanted if v in done[i]}, keep) for i in finished]
         return Measured(results, engine, policies, time.perf_counter() - start)
 
     def batch_done() -> None:
@@ -185,8 +192,9 @@ def measure(settings: QualityBenchSettings, engine_settings: EngineSettings, pro
     if settings.screen:
         _screen(engine, [p["full"] for p in prompts], params, progress, settings.batch, done, batch_done)
     chosen = [i for i, t in enumerate(transcripts) if not settings.screen or full_answers(done[i]["full"], t)]
-    task = progress.add_task(f"{len(chosen)} transcripts x {len(VARIANTS)} variants on {settings.model}",
-                             total=len(chosen) * (len(VARIANTS) + len(HISTORIES) - int(settings.screen)))
+    histories = sum(1 for v in wanted if v in SELECTING)
+    task = progress.add_task(f"{len(chosen)} transcripts x {len(wanted)} variants on {settings.model}",
+                             total=len(chosen) * (len(wanted) + histories - int(settings.screen)))
     for batch in _batches(len(chosen), settings.batch):
         picked = [chosen[j] for j in batch]
         _run_batch(engine, [prompts[i] for i in picked], params, lambda n: progress.advance(task, n),
@@ -204,6 +212,13 @@ def _screen(engine: LLMEngine, prompts: Sequence[VariantPrompt], params: Samplin
         for i, answer in zip(batch, answers, strict=True):
             done[i]["full"] = answer
         batch_done()
+
+
+def _transcripts(settings: QualityBenchSettings) -> list[Transcript]:
+    if not settings.indices:
+        return generate_transcripts(settings.transcripts, settings.seed)
+    every = generate_transcripts(max(settings.indices) + 1, settings.seed)
+    return [every[i] for i in sorted(set(settings.indices))]
 
 
 def full_answers(answer: Answer, transcript: Transcript) -> bool:

@@ -131,7 +131,7 @@ def tables(report: dict[str, Any]) -> list[Table]:
 
 def notes(report: dict[str, Any]) -> list[str]:
     settings, policy = report["settings"], report["policies"]
-    return [f"{settings['transcripts']} transcripts (seed {settings['seed']}) on `{settings['model']}`, greedy, up "
+    return [f"{len(report['transcripts'])} transcripts (seed {settings['seed']}) on `{settings['model']}`, greedy, up "
             f"to {settings['max_tokens']} tokens per answer; K = {policy['keep_last_tool_observations']} (masks "
             f"and dropping keep the last K tool observations); {report['bench_wall_s']:.0f} s in all.",
             "Hidden: observation tokens (tool messages, template markers included) the answer's first token does "

@@ -24,6 +24,7 @@ class RequestRecord:
     kv_transfer_s: float = 0.0
     computed_prompt_tokens: int = 0  # prompt tokens its workers computed (neither cached nor transferred)
     output_ids: list[int] = field(default_factory=list)  # the reply's tokens, for the session's next prompt
+    token_times: list[float] | None = None  # each token's time, where a caller asks for them (a list to fill)
 
     @property
     def ttft_s(self) -> float:

@@ -173,6 +173,8 @@ class SimWorker:
         if record.first_token_s is None:
             record.first_token_s = now
         record.last_token_s, record.tokens = now, record.tokens + 1
+        if record.token_times is not None:
+            record.token_times.append(now)
         if seq.prefill_only:
             self._prefilled(seq, record)
         elif record.tokens >= record.output_tokens:

@@ -27,8 +27,9 @@ NOTE = ("Simulated: the capacity controller (engine.capacity.policy), the KV-awa
         "margin; admitted work is not averaged over time), `move` when the move is made (hold: hold_s), `serving` "
         "when the moved worker serves in its new role (drain: its current step, then role_switch_s). planned: at "
         "each window's start, the fixed split that met the SLO most often in that window (ties: lower p99 TTFT). "
-        "static: the fixed split closest to the controller's average demand. Goodput: requests meeting both SLO "
-        "targets per second. A shift demands capacity where the split that served the window before it best has "
+        "static: the split sized for the average, planned's splits averaged over the swing's time. Goodput: "
+        "requests meeting both SLO targets per second. A shift demands capacity where the split that served the "
+        "window before it best has "
         "fewer workers in the new phase's role than the new window's best and meets the SLO in it at least 1% less "
         "often; the shift goals judge those shifts (elsewhere the right move is none, judged by the moves).")
 

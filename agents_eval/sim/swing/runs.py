@@ -180,10 +180,10 @@ def best_split_per_window(fixed: list[SwingRun]) -> tuple[int, ...]:
     return tuple(best)
 
 
-def static_split(controller: SwingRun, workers: int) -> int:
-    """Prefill workers of the split sized for the average demand the controller read over the run."""
-    ticks = controller.decisions
-    prefill = sum(d.prefill_demand for d in ticks)
-    total = prefill + sum(d.decode_demand for d in ticks)
-    share = prefill / total if total else 0.5
-    return min(workers - 1, max(1, round(share * workers)))
+def static_split(plan: SwingPlan, planned: tuple[int, ...], workers: int) -> int:
+    """Prefill workers of the static deployment sized for the average: the split each window asks for (the planned
+    oracle's), averaged over the swing's time and rounded. A property of the swing, not of the controller (sized by
+    the controller's own demand, a controller that misread its demand would move the bar it is judged against)."""
+    lengths = [w.end_s - w.start_s for w in plan.windows]
+    average = sum(k * length for k, length in zip(planned, lengths, strict=True)) / sum(lengths)
+    return min(workers - 1, max(1, round(average)))

@@ -90,8 +90,9 @@ def validate_ratios(calibration: Path, reports: Iterable[Path], workers: int = 2
     `workers` workers stepping at the calibration's times (`agent_table`), for each workload the reports ran."""
     from agents_eval.sim import agent_table as agents
 
-    measured = measured_ratios(load_reports(reports))
-    simulated: dict[str, float] = {}
+    loaded = load_reports(reports)
+    measured = measured_ratios(loaded)
+    simulated = simulated_disagg_ratio(calibration, loaded)
     for workload in sorted({name.split()[0] for name in measured if name != DISAGG_TPOT}):
         clusters = agents.agent_clusters(calibration, workers)
         load = agents.bench_load(workload, clusters[0].model, seed=seed)
@@ -99,3 +100,18 @@ def validate_ratios(calibration: Path, reports: Iterable[Path], workers: int = 2
         simulated.update(simulated_agent_ratios(workload, data["configurations"]))
     result = compare(simulated, measured)
     return {**result, "goal": goal(result)}
+
+
+def simulated_disagg_ratio(calibration: Path, reports: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """DISAGG_TPOT simulated (`interference`), on the workload of the first `bench disagg` report given and the real
+    engine's scheduler settings at the benchmark's 512 batched tokens; empty when no such report is given."""
+    from agents_eval.sim.validation import interference
+    from agents_eval.sim.validation.absolute import engine_knobs
+
+    report = next((r for r in reports if DISAGG_KEY in r), None)
+    if report is None:
+        return {}
+    knobs = engine_knobs(interference.Calibration.load(calibration).model)
+    knobs = knobs.model_copy(update={"max_num_batched_tokens": interference.MAX_NUM_BATCHED_TOKENS})
+    workload = interference.Interference.of(report)
+    return {DISAGG_TPOT: interference.p99_tpot_ratio(calibration, workload, knobs)["ratio"]}

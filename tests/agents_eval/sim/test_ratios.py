@@ -1,5 +1,6 @@
 """Ratio validation on stub reports whose ratios are known: the agent benchmark's (3 runs of one workload) and
-`bench disagg`'s, against stub simulated figures."""
+`bench disagg`'s, against stub simulated figures; and `bench disagg`'s ratio simulated on a stub calibration whose
+step times make it known."""
 
 from __future__ import annotations
 
@@ -8,13 +9,19 @@ from pathlib import Path
 
 import pytest
 
+from agents_eval.sim.calibration.fit import KINDS, Calibration
+from agents_eval.sim.model.config import EngineKnobs
+from agents_eval.sim.validation import interference
+from agents_eval.sim.validation.absolute import engine_knobs
 from agents_eval.sim.validation.ratios import (
     DISAGG_TPOT,
+    TOLERANCE,
     compare,
     goal,
     load_reports,
     measured_ratios,
     simulated_agent_ratios,
+    validate_ratios,
 )
 
 
@@ -69,3 +76,47 @@ def test_a_ratio_the_simulator_does_not_give_fails_the_goal(tmp_path: Path) -> N
     result = compare({"swe slo_rate agent/baseline": 2.0, "swe p99_latency agent/baseline": 0.5}, measured)
     assert result["max_relative_error"] == 0.0 and result["measured_only"] == [DISAGG_TPOT]
     assert not goal(result)["met"]
+
+
+def _stub_calibration(path: Path, prompt_step_s: float, decode_step_s: float = 0.002) -> Path:
+    """Steps of a fixed time per kind: a decode step `decode_step_s`, any step with a prompt chunk `prompt_step_s`."""
+    def line(step_s: float) -> dict[str, float]:
+        return {"step": step_s, "seq": 0.0, "linear_flop": 0.0, "attention_flop": 0.0, "byte": 0.0}
+
+    Calibration("tiny", "float32", {KINDS[0]: line(decode_step_s), KINDS[1]: line(prompt_step_s)}).save(path)
+    return path
+
+
+def _knobs() -> EngineKnobs:
+    return engine_knobs("tiny").model_copy(update={"max_num_batched_tokens": interference.MAX_NUM_BATCHED_TOKENS})
+
+
+def test_the_simulated_disagg_ratio_is_the_token_gaps_p99_on_each_deployment(tmp_path: Path) -> None:
+    """Prompt-chunk steps of 50 ms, decode steps of 2 ms: colocated, a stream's token waits out a prompt chunk
+    (its p99 gap is the 50 ms step); disaggregated, the decode worker runs decode steps only (2 ms, a stream's
+    first gaps on the decode worker aside), so the ratio is about 0.002 / 0.05."""
+    figures = interference.p99_tpot_ratio(_stub_calibration(tmp_path / "cal.json", 0.05), interference.Interference(),
+                                          _knobs())
+    assert figures["colocated_tpot_p99_s"] == pytest.approx(0.05)
+    assert figures["disaggregated_tpot_p99_s"] == pytest.approx(0.002, rel=0.1)
+    assert figures["ratio"] == pytest.approx(0.04, rel=0.1)
+    # with a prompt chunk as cheap as a decode step, neither deployment stalls the streams: about 1
+    same = interference.p99_tpot_ratio(_stub_calibration(tmp_path / "same.json", 0.002), interference.Interference(),
+                                       _knobs())
+    assert same["ratio"] == pytest.approx(1.0, rel=0.1)
+
+
+def test_a_bench_disagg_report_gets_its_simulated_ratio_on_the_workload_it_ran(tmp_path: Path) -> None:
+    """Three stub `bench disagg` reports measuring 0.04 (median): the simulated ratio on the stub calibration is
+    0.04 within 10%, and the goal reads it; the report's workload is the one simulated."""
+    paths = []
+    for index, ratio in enumerate([0.03, 0.04, 0.05]):
+        path = tmp_path / f"disagg{index}.json"
+        path.write_text(json.dumps({"ratio_p99_tpot_disaggregated_over_colocated": ratio,
+                                    "workload": {"decodes": 4, "prefills": 6, "prefill_every_s": 0.5, "seed": 3}}))
+        paths.append(path)
+    assert interference.Interference.of(load_reports(paths)[0]) == interference.Interference(decodes=4, prefills=6)
+    result = validate_ratios(_stub_calibration(tmp_path / "cal.json", 0.05), paths)
+    assert [row["ratio"] for row in result["rows"]] == [DISAGG_TPOT]
+    assert result["rows"][0]["measured"] == 0.04 and result["rows"][0]["relative_error"] <= TOLERANCE
+    assert result["measured_only"] == [] and result["goal"]["met"]

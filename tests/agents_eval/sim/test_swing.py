@@ -45,7 +45,15 @@ def test_the_controller_moves_a_node_to_prefill_in_the_think_window() -> None:
     assert first.role == "prefill" and 30.0 <= first.at_s < 60.0
     applied = min(runs["controller"].roles_applied, key=lambda c: c.at_s)
     assert applied.worker_id == first.worker_id and applied.at_s >= first.at_s + _small().role_switch_s
-    assert 1 <= sw.static_split(runs["controller"], 3) <= 2
+    assert 1 <= sw.static_split(plan, sw.best_split_per_window([runs["fixed 1P/2D"], runs["fixed 2P/1D"]]), 3) <= 2
+
+
+def test_the_static_split_is_the_windows_splits_averaged_over_time() -> None:
+    plan = sw.SwingPlan((sw.SwingWindow(0, 10, "act", 1.0), sw.SwingWindow(10, 40, "think", 1.0),
+                         sw.SwingWindow(40, 50, "act", 1.0)))
+    assert sw.static_split(plan, (1, 3, 1), workers=5) == 2  # (10 + 90 + 10) / 50 = 2.2
+    assert sw.static_split(plan, (1, 4, 1), workers=5) == 3  # 2.8
+    assert sw.static_split(plan, (1, 1, 1), workers=5) == 1
 
 
 def test_goals_are_the_report_lists() -> None:

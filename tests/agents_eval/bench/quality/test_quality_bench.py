@@ -114,10 +114,20 @@ def test_token_agreement_counts_positions_up_to_sixteen() -> None:
     assert token_agreement([], []) == 1.0
 
 
-def test_cli_rejects_bad_settings_before_loading_a_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(("args", "message"), [(["--transcripts", "0"], "--transcripts"),
+                                               (["--variants", "age", "sparse"], "unknown sparse"),
+                                               (["--indices", "3", "-1"], "--indices")])
+def test_cli_rejects_bad_settings_before_loading_a_model(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                         args: list[str], message: str) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        main(["bench", "quality", "--out", str(tmp_path), "--transcripts", "0"])
-    assert exit_info.value.code == EXIT_BAD_INPUT and "--transcripts" in capsys.readouterr().err
+        main(["bench", "quality", "--out", str(tmp_path), *args])
+    assert exit_info.value.code == EXIT_BAD_INPUT and message in capsys.readouterr().err
+
+
+def test_indices_take_those_of_the_seeds_transcripts_in_order() -> None:
+    every = generate_transcripts(8, seed=0)
+    picked = bench._transcripts(QualityBenchSettings(indices=(7, 2, 7)))
+    assert [t.index for t in picked] == [2, 7] and picked == [every[2], every[7]]
 
 
 SCREENED_OUT = 1  # the fixture's screen lets transcripts 0 and 2 through, whatever full answered

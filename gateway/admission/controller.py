@@ -8,6 +8,13 @@ the rate the engine was seen to do it, must fit a share (`headroom`) of the SLO.
   observed gap between a stream's tokens, times the streams in flight then) is the expected time per output
   token; it must fit the TPOT SLO. Off until a TPOT SLO is given and a gap was observed.
 
+Out of the box (no TTFT SLO set) the SLO is derived from the host's measured speed: the time to prefill one full
+context window (`slo_context_tokens`) at the measured prefill rate, at least `MIN_DERIVED_SLO_S`: on a slow CPU a
+fixed few seconds would refuse work the server is serving at its own pace, and in tokens the budget is the
+same on any host. It trusts measurements only: before the first token has measured the rate there is no SLO,
+and the initial guess is not averaged in (a fast host's guess, folded into a slow host's first measurements,
+refused its first turns after seconds of waiting).
+
 A stall (the oldest queued prompt overdue, or the streams silent, by more than the TTFT budget) refuses
 everything until the engine answers again: a request admitted then would wait the stall out.
 
@@ -30,6 +37,7 @@ from engine import AdmittedWork
 
 Reason = Literal["admitted", "ttft_slo", "tpot_slo"]
 HEADROOM = 0.5  # share of each SLO the estimates may fill
+MIN_DERIVED_SLO_S = 5.0  # the derived TTFT SLO's floor (a fast host's full context still gets a few seconds)
 
 
 @dataclass(frozen=True)
@@ -70,18 +78,22 @@ class AdmissionController:
     A prompt that alone exceeds the TTFT budget is admitted only into an empty queue, and streams that alone
     exceed the TPOT budget only when none are in flight: waiting would not help them."""
 
-    def __init__(self, ttft_slo_s: float, initial_prefill_tokens_per_s: float, ema_alpha: float = 0.2,
+    def __init__(self, ttft_slo_s: float | None, initial_prefill_tokens_per_s: float, ema_alpha: float = 0.2,
                  clock: Callable[[], float] = time.monotonic, tpot_slo_s: float | None = None,
-                 headroom: float = HEADROOM) -> None:
-        if not ttft_slo_s > 0 or not initial_prefill_tokens_per_s > 0:
+                 headroom: float = HEADROOM, slo_context_tokens: int = 8192) -> None:
+        if (ttft_slo_s is not None and not ttft_slo_s > 0) or not initial_prefill_tokens_per_s > 0:
             raise ValueError("ttft_slo_s and initial_prefill_tokens_per_s must be positive")
+        if not slo_context_tokens > 0:
+            raise ValueError(f"slo_context_tokens must be positive, got {slo_context_tokens}")
         if not 0 < ema_alpha <= 1 or not 0 < headroom <= 1:
             raise ValueError(f"ema_alpha and headroom must be in (0, 1], got {ema_alpha} and {headroom}")
         if tpot_slo_s is not None and not tpot_slo_s > 0:
             raise ValueError(f"tpot_slo_s must be positive, got {tpot_slo_s}")
         self.ttft_slo_s, self.tpot_slo_s, self.headroom, self.ema_alpha = ttft_slo_s, tpot_slo_s, headroom, ema_alpha
+        self.slo_context_tokens = slo_context_tokens
         self._initial_prefill_tokens_per_s = float(initial_prefill_tokens_per_s)
         self._prefill = RateEstimate(ema_alpha, self._initial_prefill_tokens_per_s, 1.0)  # prompt tokens per second
+        self._measured = RateEstimate(ema_alpha)  # the same, unseeded: what the derived SLO trusts
         self._decode = RateEstimate(ema_alpha)  # stream-tokens per second; unmeasured at the start
         self._clock = clock
         self._queued: dict[str, int] = {}  # request id -> prompt tokens, oldest first
@@ -96,7 +108,18 @@ class AdmissionController:
 
     @property
     def prefill_tokens_per_s(self) -> float:
+        if self.ttft_slo_s is None and self._measured.rate:  # a derived SLO: measurements only, no initial guess
+            return self._measured.rate
         return self._prefill.rate or self._initial_prefill_tokens_per_s  # the initial rate while none is measurable
+
+    @property
+    def slo_s(self) -> float:
+        """The TTFT SLO: the one set, else a full context's prefill at the measured rate (at least the floor);
+        none (infinite) before a first token measured it: nothing is refused on a guessed speed."""
+        if self.ttft_slo_s is not None:
+            return self.ttft_slo_s
+        rate = self._measured.rate
+        return max(MIN_DERIVED_SLO_S, self.slo_context_tokens / rate) if rate else math.inf
 
     @property
     def decode_tokens_per_s(self) -> float | None:
@@ -137,7 +160,7 @@ class AdmissionController:
     def check(self, prompt_tokens: int, ttft_slo_s: float | None = None, streams: int = 1) -> AdmissionDecision:
         """Whether a prompt of this size can start within the TTFT SLO (`ttft_slo_s` overrides it, e.g. per
         priority), and its `streams` decode within the TPOT SLO. Refused on both: the later retry counts."""
-        slo = self.ttft_slo_s if ttft_slo_s is None else ttft_slo_s
+        slo = self.slo_s if ttft_slo_s is None else ttft_slo_s
         rate = self.prefill_tokens_per_s
         pending = self.pending_tokens()
         wait, tpot = (pending + prompt_tokens) / rate, self.expected_tpot_s(streams)
@@ -238,6 +261,7 @@ class AdmissionController:
         now = self._clock()
         if first_token:
             self._prefill.observe(tokens, now - self._drained_at)
+            self._measured.observe(tokens, now - self._drained_at)
             self._drained_at = self._token_at = now
         if was_head:
             self._head_since = now
