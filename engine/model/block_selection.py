@@ -189,6 +189,7 @@ class ChunkSelection:
     policy: str
     bounds: torch.Tensor | None = None  # [layers, 2, history blocks, kv_heads, head_dim] (`query`)
     picked: list[list[int]] = field(default_factory=list)
+    scores: list[torch.Tensor] = field(default_factory=list)  # each layer's [history blocks] scores
 
     @property
     def history_blocks(self) -> int:
@@ -203,6 +204,7 @@ class ChunkSelection:
         else:
             assert self.bounds is not None
             scores = chunk_block_scores(q, self.bounds[layer].to(q.device), scale)
+        self.scores.append(scores)
         candidates = (~self.kept).nonzero().squeeze(1)
         best = candidates[scores.to(candidates.device)[candidates].topk(self.room).indices]
         chosen = self.kept.clone()
@@ -213,7 +215,14 @@ class ChunkSelection:
 
     def to(self, device: torch.device) -> ChunkSelection:
         return replace(self, block_table=self.block_table.to(device), kept=self.kept.to(device),
-                       bounds=None if self.bounds is None else self.bounds.to(device), picked=self.picked)
+                       bounds=None if self.bounds is None else self.bounds.to(device), picked=self.picked,
+                       scores=self.scores)
+
+    def decode_scores(self, num_blocks: int) -> list[float]:
+        """The first decode pick's scores of the full blocks before the next token (num_blocks): each history
+        block's best score over the layers (as a decode pick scores it), the chunk's own blocks (always kept) 0."""
+        best = torch.stack(self.scores).amax(dim=0).tolist()
+        return best + [0.0] * (num_blocks - len(best))
 
 
 def chunk_block_scores(q: torch.Tensor, bounds: torch.Tensor, scale: float) -> torch.Tensor:

@@ -22,7 +22,7 @@ from engine.model.attention import (
     new_kv_cache,
     span_mask,
 )
-from engine.model.block_selection import BlockSummaries, QueryCapture, block_scores
+from engine.model.block_selection import BlockSummaries, ChunkSelection, QueryCapture, block_scores
 from engine.model.llama import LlamaForCausalLM
 from engine.model.mask import HistoryCounters, MaskedSpan, spans_skipping_blocks
 
@@ -94,9 +94,7 @@ class ModelRunner:
                   if span.chunk_selection is not None]
         hidden = self.model(input_ids, positions, self.kv_caches, meta)
         for entry, chunk in chunks:
-            self.history.record(chunk.policy, chunk.history_blocks, len(chunk.picked[0]))
-            start = entry.seq.num_computed_tokens
-            self.summaries.record_chunk(entry.seq.request_id, start, start + entry.num_new, chunk)
+            self._chunk_picked(entry, chunk)
         if meta.query_capture is not None:
             self._select_blocks([e for _, e in selecting], meta.query_capture)
         ends = torch.tensor([e.num_new for e in entries]).cumsum(0) - 1
@@ -124,6 +122,20 @@ class ModelRunner:
         self.summaries.forget(request_id)
         if self.grammars is not None:
             self.grammars.remove(request_id)
+
+    def _chunk_picked(self, entry: _Entry, chunk: ChunkSelection) -> None:
+        """Count a prefill chunk's picks; when the chunk ends the prompt, its scores make the first decode pick,
+        so no decode step reads the whole history (the first decode step reads these, and picks for the next)."""
+        seq, start = entry.seq, entry.seq.num_computed_tokens
+        end = start + entry.num_new
+        self.history.record(chunk.policy, chunk.history_blocks, len(chunk.picked[0]))
+        self.summaries.record_chunk(seq.request_id, start, end, chunk)
+        if end != seq.num_tokens or seq.output_token_ids or seq.selection is None:
+            return
+        full = end // self.block_size
+        skipped = seq.selection.skipped_blocks(chunk.decode_scores(full), end, self.block_size)
+        self.history.record(seq.selection.policy, full, full - len(skipped))
+        seq.selected_spans = _reselected(seq.selected_spans, spans_skipping_blocks(skipped, self.block_size, end), end)
 
     def _select_blocks(self, entries: list[_Entry], capture: QueryCapture) -> None:
         """The `query` and `attention` policies: score each decoding request's full history blocks by this step's
@@ -192,7 +204,7 @@ class ModelRunner:
             slot_mapping.append(context[start:])
             slots, mask, visible = _attended(entry.seq, start, end, context)
             blocks = None if visible is None else self._whole_blocks(visible, entry.block_ids)
-            chunk = None if entry.seq.selection is None or start >= entry.seq.num_prompt_tokens else \
+            chunk = None if entry.seq.selection is None or not _picks_in_step(entry.seq, start) else \
                 self.summaries.chunk_selection(entry.seq.request_id, entry.seq.selection, start, end, entry.block_ids,
                                                self.kv_caches)
             if chunk is not None:  # each layer picks the history it reads (block_selection.ChunkSelection)
@@ -236,6 +248,13 @@ def _selects(entry: _Entry) -> bool:
     seq = entry.seq
     return (seq.selection is not None and entry.num_new == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens
             and seq.selection.due(len(seq.output_token_ids)))
+
+
+def _picks_in_step(seq: Sequence, start: int) -> bool:
+    """Whether a step from `start` picks the history it reads layer by layer (`block_selection.ChunkSelection`): a
+    prefill chunk, or the first decode step when the prompt's last chunk made it no picks (a prefill that read
+    everything), so that no decode step reads the whole history."""
+    return start < seq.num_prompt_tokens or (start == seq.num_prompt_tokens and not seq.selected_spans)
 
 
 def forced_room(seq: Sequence, max_model_len: int, pending: int = 0) -> int:

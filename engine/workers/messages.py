@@ -29,6 +29,7 @@ class Handoff:
     masked_spans: tuple[MaskedSpan, ...] = ()
     session: SessionRef | None = None  # pinned on the decode side when the turn finishes
     selection: QuerySelection | None = None  # the `query` policy, applied by the decode side
+    selected_spans: tuple[MaskedSpan, ...] = ()  # what the prefill's last chunk picked for the first decode step
 
     @property
     def num_kv_tokens(self) -> int:

@@ -18,6 +18,8 @@ from agents_eval.harness.servers.gateway import env_item
 from agents_eval.harness.stats import Slo
 
 SEARCH = SearchSettings()
+HISTORY_POLICIES = ("age", "query", "attention")  # trajectory.settings.HistorySettings' policies
+HISTORY_POLICY_ENV = "AGENTSERVE_TRAJECTORY_HISTORY__DEFAULT"
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -50,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--client", choices=(WS, HTTP), default=WS, help="the agent configuration's session client")
     group.add_argument("--env", type=env_item, action="append", default=[], metavar="AGENTSERVE_KEY=VALUE",
                        help="setting for every gateway (repeatable), e.g. AGENTSERVE_DEPLOYMENT_PREFILL=2")
+    group.add_argument("--history-policy", choices=HISTORY_POLICIES,
+                       help="which history every configuration's replies read (configs/trajectory.yaml: history; "
+                       "default: the deployment's, age)")
     group.add_argument("--slo-ttft", type=float, default=DEFAULT_SLO.ttft_s, help="TTFT SLO, seconds")
     group.add_argument("--slo-tpot", type=float, default=DEFAULT_SLO.tpot_s, help="TPOT SLO, seconds")
     group.add_argument("--price-per-core-hour", type=float, help="dollars (default: configs/cost.yaml)")
@@ -92,6 +97,9 @@ def settings_from_args(args: argparse.Namespace) -> AgentBenchSettings:
     workload = WorkloadOptions(args.workload, args.seed, args.rate, args.duration, args.max_requests,
                                args.length_scale, args.time_scale)
     limits = RunLimits(args.duration, args.max_requests, args.request_timeout)
-    run = RunOptions(args.model, args.client, limits, args.warm_up_turns, dict(args.env))
+    env = dict(args.env)
+    if args.history_policy is not None:
+        env[HISTORY_POLICY_ENV] = args.history_policy
+    run = RunOptions(args.model, args.client, limits, args.warm_up_turns, env)
     return AgentBenchSettings(workload, tuple(args.configs), run, (1.0, *args.rate_sweep),
                               Slo(args.slo_ttft, args.slo_tpot), prices_from_args(args), search_from_args(args))

@@ -20,7 +20,7 @@ def take_handoff(engine: LLMEngine, request_id: str) -> Handoff:
     seq = prefilled.seq
     return Handoff(request_id, seq.prompt_token_ids, list(seq.output_token_ids), seq.params,
                    _tensor_bytes(prefilled.sampler_state), seq.num_cached_tokens or 0, seq.masked_spans,
-                   selection=seq.selection)
+                   selection=seq.selection, selected_spans=seq.selected_spans)
 
 
 def read_layer(engine: LLMEngine, request_id: str, layer: int, num_tokens: int) -> torch.Tensor:
@@ -44,7 +44,8 @@ def accept_handoff(engine: LLMEngine, handoff: Handoff, kv_frames: list[list[KVB
     received KV was used."""
     seq = Sequence(handoff.request_id, list(handoff.prompt_token_ids), handoff.params,
                    output_token_ids=list(handoff.output_token_ids), num_cached_tokens=handoff.num_cached_tokens,
-                   masked_spans=handoff.masked_spans, session=handoff.session, selection=handoff.selection)
+                   masked_spans=handoff.masked_spans, session=handoff.session, selection=handoff.selection,
+                   selected_spans=handoff.selected_spans)
     state = _bytes_tensor(handoff.sampler_state)
     used = kv_frames is not None and _load_kv(engine, seq, kv_frames)
     engine.outputs.resume(seq)

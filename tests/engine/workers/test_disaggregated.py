@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
+import torch
 
 from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
@@ -206,17 +207,23 @@ def test_a_worker_dead_before_its_death_is_noticed_gets_no_request() -> None:
 @pytest.mark.parametrize("policy", ["query", "attention"])
 def test_query_selection_gives_the_same_tokens_as_colocated(disaggregated: WorkerEngine,
                                                            policy: ScoredPolicy) -> None:
-    """The `query` and `attention` policies cross the hand-off and pick the same blocks on the decode worker."""
-    selection = QuerySelection(budget=0.5, refresh_steps=2, sink_tokens=4, recent_tokens=16, policy=policy)
+    """The `query` and `attention` policies cross the hand-off and pick the same blocks on the decode worker; the
+    prefill's last chunk picks too (from the previous turn's block, `kept_from`), and its picks for the first decode
+    step cross with the request."""
+    selection = QuerySelection(budget=0.5, refresh_steps=2, sink_tokens=4, recent_tokens=16, policy=policy,
+                               kept_from=64)
     prompts = [[1, *range(30, 30 + n)] for n in (79, 120)]
-    params = replace(GREEDY, max_tokens=12)
+    params = replace(GREEDY, max_tokens=12, return_logits=True)
 
-    def tokens(engine: LLMEngine | WorkerEngine) -> list[list[int]]:
+    def completions(engine: LLMEngine | WorkerEngine) -> list[Completion]:
         ids = [engine.add_request(p, params, selection=selection) for p in prompts]
         results = {request_id: Completion(request_id) for request_id in ids}
         while engine.has_unfinished():
             for out in engine.step():
                 results[out.request_id].add(out)
-        return [results[request_id].token_ids for request_id in ids]
+        return [results[request_id] for request_id in ids]
 
-    assert tokens(disaggregated) == tokens(LLMEngine("tiny", SETTINGS))
+    apart, together = completions(disaggregated), completions(LLMEngine("tiny", SETTINGS))
+    assert [c.token_ids for c in apart] == [c.token_ids for c in together]
+    for one, other in zip(apart, together, strict=True):  # the tiny model's tokens barely depend on the picks
+        torch.testing.assert_close(torch.stack(one.logits), torch.stack(other.logits), atol=1e-5, rtol=0)

@@ -103,6 +103,16 @@ def test_configs_option_takes_the_named_set_and_rejects_unknown_names(capsys: py
     assert exit_info.value.code == EXIT_BAD_INPUT and "ablation" in capsys.readouterr().err
 
 
+def test_history_policy_option_sets_every_gateway_s_default_policy() -> None:
+    argv = ["bench", "--workload", "swe", "--history-policy", "attention", "--out", "x"]
+    run = settings_from_args(build_parser(argv).parse_args(argv)).run
+    assert gateway_env("agent", run.env)["AGENTSERVE_TRAJECTORY_HISTORY__DEFAULT"] == "attention"
+    assert gateway_env("baseline", run.env)["AGENTSERVE_TRAJECTORY_HISTORY__DEFAULT"] == "attention"
+    plain = ["bench", "--workload", "swe", "--out", "x"]
+    default = settings_from_args(build_parser(plain).parse_args(plain)).run.env
+    assert "AGENTSERVE_TRAJECTORY_HISTORY__DEFAULT" not in default
+
+
 def stub_point(config: str, rate: float, tag: str) -> Point:
     """20 requests of 10 tokens, half of them late past the configuration's knee; pruning steps prune."""
     late = rate >= KNEES[config]
