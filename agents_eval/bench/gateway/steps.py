@@ -40,7 +40,7 @@ STEPS = {  # name -> what it covers, in the order a request meets them
     "other": "the rest: Starlette/FastAPI plumbing, handler glue, loop scheduling",
 }
 TIMED_CALLS = {  # GatewayState attribute -> (its methods to time, the step they count as)
-    "admission": (("try_admit", "on_first_token", "on_finish", "observe_prefill", "observe_tokens"), "admit"),
+    "admission": (("check", "on_admit", "on_first_token", "on_finish", "observe_prefill", "observe_tokens"), "admit"),
     "metrics": (("request_started", "handed_to_engine", "first_token", "token", "finished", "turn"), "metrics"),
     "signals": (("expected_output_tokens", "turn_started", "turn_finished"), "metrics"),
 }

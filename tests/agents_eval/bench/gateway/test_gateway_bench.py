@@ -85,18 +85,18 @@ def test_cli_rejects_a_session_longer_than_the_context(tmp_path: Path, capsys: p
 
 def test_step_wrappers_are_gone_after_the_step_waves() -> None:
     class Ledger:
-        def try_admit(self) -> str:
+        def check(self) -> str:
             return "class"
 
     ledger, metrics = Ledger(), Ledger()
     metrics.finished = lambda: "own"  # type: ignore[attr-defined]  # an instance's own callable
     state = SimpleNamespace(admission=ledger, metrics=metrics, signals=object())
     with bench_steps.instrumented(state):  # type: ignore[arg-type]
-        assert "try_admit" in vars(ledger) and ledger.try_admit() == "class"
+        assert "check" in vars(ledger) and ledger.check() == "class"
         times = step_timer.timing("other")
         metrics.finished()  # type: ignore[attr-defined]
         assert "metrics" in times.finish()
-    assert "try_admit" not in vars(ledger) and metrics.finished() == "own"  # type: ignore[attr-defined]
+    assert "check" not in vars(ledger) and metrics.finished() == "own"  # type: ignore[attr-defined]
 
 
 def test_the_heap_frozen_for_the_run_is_unfrozen_after_it(result: BenchResult) -> None:
