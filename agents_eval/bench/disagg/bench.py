@@ -21,7 +21,8 @@ import torch
 from rich.console import Console
 
 from agents_eval.bench.disagg.switch import BusyLoad, BusyShape, measure_switches, random_prompt
-from agents_eval.harness.report import BarChart, Table, check_settings, goal, machine_info, write_report
+from agents_eval.bench.disagg.workload import InterferenceWorkload
+from agents_eval.harness.report import BarChart, Table, goal, machine_info, write_report
 from agents_eval.harness.stats import percentile
 from engine.capacity.settings import CapacitySettings
 from engine.config import EngineSettings
@@ -46,26 +47,9 @@ class Engine(Protocol):
     def has_unfinished(self) -> bool: ...
 
 
-@dataclass
-class InterferenceWorkload:
-    decodes: int = 8
-    decode_prompt: int = 64
-    decode_tokens: int = 96
-    prefills: int = 12
-    prefill_prompt: int = 1024
-    prefill_every_s: float = 0.5
-    seed: int = 0
-
-    def validate(self) -> None:
-        check_settings([
-            (min(self.decodes, self.prefills) >= 1, "--decodes and --prefills must be at least 1"),
-            (self.decode_tokens >= 2, "--decode-tokens must be at least 2 (a time per token needs two)"),
-            (self.decode_prompt >= 2 and self.prefill_prompt >= 2, "prompts must be at least 2 tokens"),
-            (self.prefill_every_s > 0, "--prefill-every must be above 0 seconds"),
-        ])
-
-    def busy_shape(self) -> BusyShape:
-        return BusyShape(self.decodes, self.decode_prompt, self.decode_tokens, self.prefill_prompt, self.seed + 1)
+def busy_shape(workload: InterferenceWorkload) -> BusyShape:
+    return BusyShape(workload.decodes, workload.decode_prompt, workload.decode_tokens, workload.prefill_prompt,
+                     workload.seed + 1)
 
 
 @dataclass
@@ -182,7 +166,7 @@ def run_benchmark(model: str, workload: InterferenceWorkload, out_dir: Path, tra
               "send_seconds": round(transfers.send_seconds, 4),
               "hidden_behind_prefill_fraction": round(transfers.hidden_fraction, 3)}
         console.print("[bold]role switches[/bold]: idle, then under decode streams and long prefills")
-        switches = measure_switches(engine, BusyLoad(engine, workload.busy_shape()), ROLE_SWAPS)
+        switches = measure_switches(engine, BusyLoad(engine, busy_shape(workload)), ROLE_SWAPS)
     finally:
         engine.shutdown()
     data = {

@@ -10,13 +10,13 @@ difference is the simulator's, and part of what the ratio validation measures.""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Generator, Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
 import simpy
 
+from agents_eval.bench.disagg.workload import InterferenceWorkload
 from agents_eval.harness.stats import percentile
 from agents_eval.sim.calibration.fit import Calibration
 from agents_eval.sim.model.blocks import Prompt
@@ -27,24 +27,6 @@ from engine.capacity.settings import CapacitySettings
 
 MAX_NUM_BATCHED_TOKENS = 512  # the benchmark's EngineSettings
 ALWAYS_REMOTE = {"overlap_weight": 0.0, "local_prefill_max_tokens": 0, "local_prefill_max_uncached_share": 0.0}
-
-
-@dataclass(frozen=True)
-class Interference:
-    """The benchmark's workload (`agents_eval.bench.disagg.bench.InterferenceWorkload`'s fields and defaults)."""
-
-    decodes: int = 8
-    decode_prompt: int = 64
-    decode_tokens: int = 96
-    prefills: int = 12
-    prefill_prompt: int = 1024
-    prefill_every_s: float = 0.5
-
-    @classmethod
-    def of(cls, report: Mapping[str, Any]) -> Interference:
-        """The workload a `bench disagg` report ran (its `workload` entry; the defaults where it has none)."""
-        given = report.get("workload") or {}
-        return cls(**{f.name: given[f.name] for f in fields(cls) if f.name in given})
 
 
 def clusters(calibration: Path, knobs: EngineKnobs) -> tuple[ClusterConfig, ClusterConfig]:
@@ -63,7 +45,7 @@ def _pool(role: str) -> Pool:
     return Pool(device="cpu", nodes=1, gpus_per_node=1, tensor_parallel=1, role=role)  # type: ignore[arg-type]
 
 
-def token_gaps(config: ClusterConfig, workload: Interference) -> list[float]:
+def token_gaps(config: ClusterConfig, workload: InterferenceWorkload) -> list[float]:
     """The decode streams' gaps between consecutive tokens (s), the streams and the prompts played on `config`."""
     env = simpy.Environment()
     cluster = build_cluster(env, config)
@@ -91,7 +73,7 @@ def _serve(gateway: Gateway, session_id: str, prompt: Prompt, output_tokens: int
     yield record.done
 
 
-def p99_tpot_ratio(calibration: Path, workload: Interference, knobs: EngineKnobs) -> dict[str, float]:
+def p99_tpot_ratio(calibration: Path, workload: InterferenceWorkload, knobs: EngineKnobs) -> dict[str, float]:
     """Each deployment's p99 token gap (s) and the benchmark's ratio, disaggregated over colocated."""
     colocated, disaggregated = clusters(calibration, knobs)
     p99 = {c.name: percentile(token_gaps(c, workload), 99.0) for c in (colocated, disaggregated)}

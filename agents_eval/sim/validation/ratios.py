@@ -113,5 +113,5 @@ def simulated_disagg_ratio(calibration: Path, reports: Iterable[Mapping[str, Any
         return {}
     knobs = engine_knobs(interference.Calibration.load(calibration).model)
     knobs = knobs.model_copy(update={"max_num_batched_tokens": interference.MAX_NUM_BATCHED_TOKENS})
-    workload = interference.Interference.of(report)
+    workload = interference.InterferenceWorkload.of(report)
     return {DISAGG_TPOT: interference.p99_tpot_ratio(calibration, workload, knobs)["ratio"]}

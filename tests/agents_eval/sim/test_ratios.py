@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from agents_eval.bench.disagg.workload import InterferenceWorkload
 from agents_eval.sim.calibration.fit import KINDS, Calibration
 from agents_eval.sim.model.config import EngineKnobs
 from agents_eval.sim.validation import interference
@@ -95,13 +96,13 @@ def test_the_simulated_disagg_ratio_is_the_token_gaps_p99_on_each_deployment(tmp
     """Prompt-chunk steps of 50 ms, decode steps of 2 ms: colocated, a stream's token waits out a prompt chunk
     (its p99 gap is the 50 ms step); disaggregated, the decode worker runs decode steps only (2 ms, a stream's
     first gaps on the decode worker aside), so the ratio is about 0.002 / 0.05."""
-    figures = interference.p99_tpot_ratio(_stub_calibration(tmp_path / "cal.json", 0.05), interference.Interference(),
+    figures = interference.p99_tpot_ratio(_stub_calibration(tmp_path / "cal.json", 0.05), InterferenceWorkload(),
                                           _knobs())
     assert figures["colocated_tpot_p99_s"] == pytest.approx(0.05)
     assert figures["disaggregated_tpot_p99_s"] == pytest.approx(0.002, rel=0.1)
     assert figures["ratio"] == pytest.approx(0.04, rel=0.1)
     # with a prompt chunk as cheap as a decode step, neither deployment stalls the streams: about 1
-    same = interference.p99_tpot_ratio(_stub_calibration(tmp_path / "same.json", 0.002), interference.Interference(),
+    same = interference.p99_tpot_ratio(_stub_calibration(tmp_path / "same.json", 0.002), InterferenceWorkload(),
                                        _knobs())
     assert same["ratio"] == pytest.approx(1.0, rel=0.1)
 
@@ -115,7 +116,7 @@ def test_a_bench_disagg_report_gets_its_simulated_ratio_on_the_workload_it_ran(t
         path.write_text(json.dumps({"ratio_p99_tpot_disaggregated_over_colocated": ratio,
                                     "workload": {"decodes": 4, "prefills": 6, "prefill_every_s": 0.5, "seed": 3}}))
         paths.append(path)
-    assert interference.Interference.of(load_reports(paths)[0]) == interference.Interference(decodes=4, prefills=6)
+    assert InterferenceWorkload.of(load_reports(paths)[0]) == InterferenceWorkload(decodes=4, prefills=6, seed=3)
     result = validate_ratios(_stub_calibration(tmp_path / "cal.json", 0.05), paths)
     assert [row["ratio"] for row in result["rows"]] == [DISAGG_TPOT]
     assert result["rows"][0]["measured"] == 0.04 and result["rows"][0]["relative_error"] <= TOLERANCE
