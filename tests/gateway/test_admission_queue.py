@@ -93,17 +93,23 @@ async def test_the_budget_counts_the_wait_already_spent() -> None:
     assert admitted == ["b"]
 
 
-async def test_a_refused_requests_retry_keeps_its_place() -> None:
-    clock = Clock()
-    queue, admitted = line(clock), []
+async def refused_once(queue: AdmissionQueue, clock: Clock, request_id: str, key: str) -> None:
+    """`request_id` (600 tokens) waits behind 900 admitted ones until its one second of budget is spent and is
+    refused; then the engine finishes everything, leaving the line and the ledger empty."""
     await queue.admit("a", 900)
-    first = start(queue, admitted, "b", 600, key="session-b")
+    first = start(queue, [], request_id, 600, key=key)
     await waiting(queue, 1)
     clock.now += 1.0
     queue.controller.on_admit("other", 10)
     assert not (await asyncio.wait_for(first, 10)).admit
-    for request_id in ("a", "other"):
-        queue.controller.on_finish(request_id)
+    for admitted in ("a", "other"):
+        queue.controller.on_finish(admitted)
+
+
+async def test_a_refused_requests_retry_keeps_its_place() -> None:
+    clock = Clock()
+    queue, admitted = line(clock), []
+    await refused_once(queue, clock, "b", "session-b")
     await queue.admit("a2", 900)  # the engine busy again
     newer = start(queue, admitted, "c", 600, key="session-c")  # arrives after b first did
     await waiting(queue, 1)
@@ -119,15 +125,8 @@ async def test_a_refused_requests_retry_keeps_its_place() -> None:
 
 async def test_an_admitted_retry_forgets_its_first_arrival() -> None:
     clock = Clock()
-    queue, admitted = line(clock), []
-    await queue.admit("a", 900)
-    first = start(queue, admitted, "b", 600, key="s")
-    await waiting(queue, 1)
-    clock.now += 1.0
-    queue.controller.on_admit("other", 10)
-    await asyncio.wait_for(first, 10)
-    for request_id in ("a", "other"):
-        queue.controller.on_finish(request_id)
+    queue = line(clock)
+    await refused_once(queue, clock, "b", "s")
     assert (await queue.admit("b-again", 600, "s")).admit
     queue.controller.on_finish("b-again")
     clock.now += 10.0
