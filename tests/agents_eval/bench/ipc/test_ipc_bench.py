@@ -24,5 +24,6 @@ def test_report_rows(tmp_path: Path) -> None:
     assert {(r["message"], r["codec"]) for r in rows} == {
         (message, codec) for message in ("Outputs x1", "Outputs x8", "Outputs x64", "Submit 128 tokens",
                                          "Submit 4096 tokens") for codec in ("pickle", "msgspec")}
-    assert all(r["bytes"] > 0 and r["round_trip_us"] >= r["codec_us"] > 0 for r in rows)
+    # medians of separate timings: under load a codec median can exceed a round trip's, so no order between them
+    assert all(r["bytes"] > 0 and r["round_trip_us"] > 0 and r["codec_us"] > 0 for r in rows)
     assert (tmp_path / "ipc.png").stat().st_size > 0
