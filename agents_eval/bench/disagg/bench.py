@@ -21,7 +21,7 @@ import torch
 from rich.console import Console
 
 from agents_eval.bench.disagg.switch import BusyLoad, BusyShape, measure_switches, random_prompt
-from agents_eval.bench.disagg.workload import InterferenceWorkload
+from agents_eval.bench.disagg.workload import MAX_NUM_BATCHED_TOKENS, InterferenceWorkload
 from agents_eval.harness.report import BarChart, Table, goal, machine_info, write_report
 from agents_eval.harness.stats import percentile
 from engine.capacity.settings import CapacitySettings
@@ -152,7 +152,7 @@ def run_benchmark(model: str, workload: InterferenceWorkload, out_dir: Path, tra
                   settings: EngineSettings | None = None) -> dict[str, Any]:
     workload.validate()
     console = Console(stderr=True)
-    settings = settings or EngineSettings(max_num_batched_tokens=512)
+    settings = settings or EngineSettings(max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS)
     console.print("[bold]colocated[/bold]: one engine, 2 threads")
     torch.set_num_threads(2)
     colocated = drive(_Colocated(LLMEngine(model, settings)), workload)

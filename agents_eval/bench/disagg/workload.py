@@ -9,6 +9,8 @@ from typing import Any
 
 from agents_eval.harness.report import check_settings
 
+MAX_NUM_BATCHED_TOKENS = 512  # the benchmark's engines' prefill chunk budget per step
+
 
 @dataclass
 class InterferenceWorkload:

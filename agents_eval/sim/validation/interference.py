@@ -25,7 +25,6 @@ from agents_eval.sim.model.config import ClusterConfig, EngineKnobs, Pool
 from agents_eval.sim.model.gateway import Gateway
 from engine.capacity.settings import CapacitySettings
 
-MAX_NUM_BATCHED_TOKENS = 512  # the benchmark's EngineSettings
 ALWAYS_REMOTE = {"overlap_weight": 0.0, "local_prefill_max_tokens": 0, "local_prefill_max_uncached_share": 0.0}
 
 

@@ -105,13 +105,14 @@ def validate_ratios(calibration: Path, reports: Iterable[Path], workers: int = 2
 def simulated_disagg_ratio(calibration: Path, reports: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     """DISAGG_TPOT simulated (`interference`), on the workload of the first `bench disagg` report given and the real
     engine's scheduler settings at the benchmark's 512 batched tokens; empty when no such report is given."""
-    from agents_eval.sim.validation import interference
+    from agents_eval.bench.disagg.workload import MAX_NUM_BATCHED_TOKENS, InterferenceWorkload
+    from agents_eval.sim.calibration.fit import Calibration
     from agents_eval.sim.validation.absolute import engine_knobs
+    from agents_eval.sim.validation.interference import p99_tpot_ratio
 
     report = next((r for r in reports if DISAGG_KEY in r), None)
     if report is None:
         return {}
-    knobs = engine_knobs(interference.Calibration.load(calibration).model)
-    knobs = knobs.model_copy(update={"max_num_batched_tokens": interference.MAX_NUM_BATCHED_TOKENS})
-    workload = interference.InterferenceWorkload.of(report)
-    return {DISAGG_TPOT: interference.p99_tpot_ratio(calibration, workload, knobs)["ratio"]}
+    knobs = engine_knobs(Calibration.load(calibration).model)
+    knobs = knobs.model_copy(update={"max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS})
+    return {DISAGG_TPOT: p99_tpot_ratio(calibration, InterferenceWorkload.of(report), knobs)["ratio"]}

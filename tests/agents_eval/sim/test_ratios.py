@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agents_eval.bench.disagg.workload import InterferenceWorkload
+from agents_eval.bench.disagg.workload import MAX_NUM_BATCHED_TOKENS, InterferenceWorkload
 from agents_eval.sim.calibration.fit import KINDS, Calibration
 from agents_eval.sim.model.config import EngineKnobs
 from agents_eval.sim.validation import interference
@@ -89,7 +89,7 @@ def _stub_calibration(path: Path, prompt_step_s: float, decode_step_s: float = 0
 
 
 def _knobs() -> EngineKnobs:
-    return engine_knobs("tiny").model_copy(update={"max_num_batched_tokens": interference.MAX_NUM_BATCHED_TOKENS})
+    return engine_knobs("tiny").model_copy(update={"max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS})
 
 
 def test_the_simulated_disagg_ratio_is_the_token_gaps_p99_on_each_deployment(tmp_path: Path) -> None:
