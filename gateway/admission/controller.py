@@ -70,10 +70,10 @@ class RateEstimate:
 
 
 class AdmissionController:
-    """The gateway calls `check` (or `try_admit`), then `on_admit`, `observe_tokens` for each output after the
-    first, `on_first_token`, and `on_finish` in a `finally`. The latter two are idempotent and ignore unknown
-    ids, so calling both is safe. A request's prompt tokens leave the ledger at its first token, its expected
-    output tokens and streams when it finishes.
+    """The gateway's line (`AdmissionQueue`) calls `check`, then `on_admit` (`try_admit` does both); the gateway
+    then `observe_tokens` for each output after the first, `on_first_token`, and `on_finish` in a `finally`.
+    The latter two are idempotent and ignore unknown ids, so calling both is safe. A request's prompt tokens
+    leave the ledger at its first token, its expected output tokens and streams when it finishes.
 
     A prompt that alone exceeds the TTFT budget is admitted only into an empty queue, and streams that alone
     exceed the TPOT budget only when none are in flight: waiting would not help them."""
