@@ -2,7 +2,8 @@
 
 Starts `--replicas` upstream gateways (`agentserve serve --model M`), then for each routing a front gateway
 over them (`AGENTSERVE_UPSTREAMS`, `AGENTSERVE_UPSTREAM__ROUTING`) and drives the same shape of multi-turn
-sessions through it. Reports per turn the prompt tokens the replicas had to prefill (their prompt tokens
+sessions through it, each routing on fresh replicas so that both meet the same empty caches with the same
+texts. Reports per turn the prompt tokens the replicas had to prefill (their prompt tokens
 less their reported `cached_tokens`) and TTFT p99; then the cost of a failover (a front whose pool also
 holds a dead address): `report.json`, `report.md` and `prefill_per_turn.png`.
 """
@@ -29,13 +30,10 @@ __all__ = ["UpstreamBenchSettings", "add_arguments", "run", "run_benchmark"]
 REPLICA_ENV = {"AGENTSERVE_LIMITS__TTFT_SLO_S": "3600"}  # replicas queue every turn: routing is measured, not shedding
 
 
-def _routings(settings: UpstreamBenchSettings, upstreams: list[str], log_dir: Path) -> dict[str, Any]:
-    out = {}
-    for routing in ROUTINGS:
-        start = time.perf_counter()
-        results = run_routing(settings, upstreams, routing, log_dir)
-        out[routing] = upstream_report.routing_json(results, settings.turns, time.perf_counter() - start)
-    return out
+def _routing(settings: UpstreamBenchSettings, upstreams: list[str], routing: str, log_dir: Path) -> dict[str, Any]:
+    start = time.perf_counter()
+    results = run_routing(settings, upstreams, routing, log_dir)
+    return upstream_report.routing_json(results, settings.turns, time.perf_counter() - start)
 
 
 def run_benchmark(settings: UpstreamBenchSettings, out_dir: Path) -> dict[str, Any]:
@@ -43,9 +41,12 @@ def run_benchmark(settings: UpstreamBenchSettings, out_dir: Path) -> dict[str, A
     start = time.perf_counter()
     machine = machine_info()  # before the run, so its load average shows other work, not ours
     log_dir = out_dir / "logs"
-    with running_replicas(settings, log_dir) as upstreams:
-        routings = _routings(settings, upstreams, log_dir)
-        failover = run_failover(settings, upstreams, log_dir)
+    routings = {}
+    for routing in ROUTINGS:  # the last routing's replicas then serve the failover run (its own texts)
+        with running_replicas(settings, log_dir / routing) as upstreams:
+            routings[routing] = _routing(settings, upstreams, routing, log_dir)
+            if routing == ROUTINGS[-1]:
+                failover = run_failover(settings, upstreams, log_dir)
     report = {"settings": asdict(settings), "machine": machine, "routings": routings, "failover": failover,
               "ratios": upstream_report.ratios(routings), "bench_wall_s": time.perf_counter() - start,
               "load_average_at_end": list(os.getloadavg())}

@@ -1,5 +1,7 @@
 """The upstream benchmark's sessions: agent-like multi-turn chats, each turn a tool observation and a short
-reply. Every session opens with its own tag, so no two sessions (and no two routing runs) share a prefix."""
+reply. Every session opens with its own tag, so no two sessions share a prefix. Every routing plays the same
+texts (each on fresh replicas), so their prefill counts differ by routing alone; other runs (the failover's)
+play their own."""
 
 from __future__ import annotations
 
@@ -35,9 +37,10 @@ def observation(rng: random.Random, lines: int) -> str:
                      f"in step {rng.randint(1, 99)}" for _ in range(lines))
 
 
-def session_turns(settings: UpstreamBenchSettings, routing: str, index: int) -> list[str]:
-    """The user/tool texts of one session's turns, seeded per routing run and session."""
-    rng = random.Random(f"{settings.seed}-{routing}-{index}")
-    tag = f"Session {routing}-{index}-{rng.randrange(10**9)}. Fix the failing build; the tool output follows.\n"
+def session_turns(settings: UpstreamBenchSettings, run: str, index: int) -> list[str]:
+    """The user/tool texts of one session's turns, seeded per session and run (every routing is one run)."""
+    texts = "routings" if run in ROUTINGS else run
+    rng = random.Random(f"{settings.seed}-{texts}-{index}")
+    tag = f"Session {texts}-{index}-{rng.randrange(10**9)}. Fix the failing build; the tool output follows.\n"
     return [tag + observation(rng, settings.observation_lines)] + [
         observation(rng, settings.observation_lines) for _ in range(settings.turns - 1)]

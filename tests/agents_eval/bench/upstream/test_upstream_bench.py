@@ -12,10 +12,10 @@ from agents_eval.bench.upstream import UpstreamBenchSettings, run_benchmark
 from agents_eval.bench.upstream.workload import ROUTINGS, session_turns
 
 
-def test_sessions_are_seeded_and_never_share_a_prefix() -> None:
+def test_sessions_are_seeded_and_never_share_a_prefix_and_every_routing_plays_the_same_texts() -> None:
     settings = UpstreamBenchSettings(sessions=2, turns=3)
-    assert session_turns(settings, "affinity", 0) == session_turns(settings, "affinity", 0)
-    firsts = [session_turns(settings, routing, i)[0] for routing in ROUTINGS for i in range(2)]
+    assert session_turns(settings, "affinity", 0) == session_turns(settings, "round_robin", 0)
+    firsts = [session_turns(settings, run, i)[0] for run in ("affinity", "failover") for i in range(2)]
     assert len({text.split(".")[0] for text in firsts}) == 4
     with pytest.raises(ValueError, match="--replicas"):
         UpstreamBenchSettings(replicas=1).validate()
