@@ -130,7 +130,7 @@ def test_indices_take_those_of_the_seeds_transcripts_in_order() -> None:
     assert [t.index for t in picked] == [2, 7] and picked == [every[2], every[7]]
 
 
-SCREENED_OUT = 1  # the fixture's screen lets transcripts 0 and 2 through, whatever full answered
+SCREENED_OUT = {1, 2}  # the fixture's screen lets transcript 0 alone through, whatever full answered
 
 
 @dataclass
@@ -150,7 +150,7 @@ def three(tmp_path_factory: pytest.TempPathFactory) -> Screened:
 
     settings = QualityBenchSettings(model="smollm2", transcripts=3, seed=0, batch=2, num_threads=1)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(bench, "full_answers", lambda answer, transcript: transcript.index != SCREENED_OUT)
+        patch.setattr(bench, "full_answers", lambda answer, transcript: transcript.index not in SCREENED_OUT)
         patch.setattr(quality_report, "write", recording_write)
         return Screened(run_benchmark(settings, tmp_path_factory.mktemp("quality-bench")), written)
 
@@ -158,12 +158,12 @@ def three(tmp_path_factory: pytest.TempPathFactory) -> Screened:
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_screening_runs_the_other_variants_only_where_full_answers(three: Screened) -> None:
-    # screen batches [0, 1] and [2], then the variants' batch [0, 2], then the end
-    assert three.written == [(True, 1), (True, 1), (True, 3), (False, 3)]
+    # screen batches [0, 1] and [2] (each ends a screened-out transcript), then the variants' batch [0], the end
+    assert three.written == [(True, 1), (True, 2), (True, 3), (False, 3)]
     report = three.result.report
-    assert [set(t["variants"]) for t in report["transcripts"]] == [set(VARIANTS), {"full"}, set(VARIANTS)]
+    assert [set(t["variants"]) for t in report["transcripts"]] == [set(VARIANTS), {"full"}, {"full"}]
     assert report["variants"]["full"]["transcripts"] == 3
-    assert all(report["variants"][v]["transcripts"] == 2 for v in VARIANTS if v != "full")
+    assert all(report["variants"][v]["transcripts"] == 1 for v in VARIANTS if v != "full")
     assert report["settings"]["screen"] is True and report["partial"] is False
 
 
