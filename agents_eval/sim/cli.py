@@ -63,7 +63,8 @@ def _add_swing_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--swing-cluster", default="moe27b-swing", help="the deployment of the swing (--swing)")
     p.add_argument("--capacity-rate", type=float, default=None,
                    help="sessions/s the swing's deployment serves at the SLO (--swing; default: configs/sim.yaml's)")
-    p.add_argument("--jobs", type=int, default=2, help="configurations simulated at once, a process each (--swing)")
+    p.add_argument("--jobs", type=int, default=2,
+                   help="configurations simulated at once, a process each (--swing, --table, --placement, --distserve)")
     p.add_argument("--measured", type=Path, nargs="+", default=[],
                    help="report.json files (or their directories) of `agentserve bench --workload swe|webarena` and "
                         "`agentserve bench disagg`: their ratios against the simulator's (--validate)")
@@ -138,7 +139,8 @@ def write(out: Path, data: dict[str, Any], tables: list[Table]) -> None:
     data = {**data, "machine": machine_info()}
     (out / "report.json").write_text(json.dumps(data, indent=2, default=_jsonable) + "\n")
     (out / "report.md").write_text(markdown_document("Cluster simulator", tables, data.get("notes", ())))
-    print(json.dumps({k: v for k, v in data.items() if k in ("summary", "validation", "scale")}, default=_jsonable))
+    shown = ("summary", "validation", "scale", "resources")
+    print(json.dumps({k: v for k, v in data.items() if k in shown}, default=_jsonable))
 
 
 def _jsonable(value: object) -> object:

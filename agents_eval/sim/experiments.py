@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from agents_eval.sim.jobs import in_processes
 from agents_eval.sim.model.config import ClusterConfig, Pool
 from agents_eval.sim.run import Summary, Window, simulate
 from agents_eval.sim.workload import draw_sessions
@@ -32,7 +33,7 @@ class Load:
 
     def run(self, config: ClusterConfig, rate: float) -> Summary:
         sessions = draw_sessions(self.workload, seed=self.seed, rate=rate, duration_s=self.duration_s)
-        return simulate(config, sessions, Window(self.warmup_s, self.duration_s))[1]
+        return simulate(config, sessions, Window(self.warmup_s, self.duration_s), until_judged=True)[1]
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,15 @@ class Point:
 
     def as_dict(self) -> dict[str, Any]:
         return {"session_rate": self.session_rate, **asdict(self.summary)}
+
+
+@dataclass(frozen=True)
+class Searched:
+    """A rate search's outcome: the best passing point (None if none passed), every point run, its CPU time."""
+
+    best: Point | None
+    points: list[Point]
+    cpu_s: float
 
 
 def rate_at_slo(run: Callable[[float], Summary], start: float, steps: int = 4) -> tuple[Point | None, list[Point]]:
@@ -78,13 +88,28 @@ def _bracket(probe: Callable[[float], bool], start: float) -> tuple[float, float
     return 0.0, high
 
 
-def slo_table(configs: list[ClusterConfig], load: Load, start_rate: float, steps: int = 3) -> list[dict[str, Any]]:
+def searched(config: ClusterConfig, load: Load, start_rate: float, steps: int) -> Searched:
+    """One configuration's rate search (a job of `searches`), with the CPU time it took."""
+    cpu = time.process_time()
+    best, points = rate_at_slo(functools.partial(load.run, config), start_rate, steps)
+    return Searched(best, points, time.process_time() - cpu)
+
+
+def searches(configs: list[ClusterConfig], load: Load, start_rate: float, steps: int, jobs: int,
+             title: str) -> list[Searched]:
+    """Each configuration's rate search, `jobs` processes at a time; in the order of `configs`."""
+    return in_processes(searched, [(config, load, start_rate, steps) for config in configs],
+                        [config.name for config in configs], jobs, title)
+
+
+def slo_table(configs: list[ClusterConfig], load: Load, start_rate: float, steps: int = 3,
+              jobs: int = 1) -> list[dict[str, Any]]:
     rows = []
-    for config in configs:
-        best, points = rate_at_slo(functools.partial(load.run, config), start_rate, steps)
+    for config, found in zip(configs, searches(configs, load, start_rate, steps, jobs, "rate searches"), strict=True):
         quoted = QUOTED_TABLE.get(config.name)
         rows.append({"configuration": config.name, "gpus": sum(p.gpus for p in config.pools),
-                     "at_slo": best.as_dict() if best else None, "points": [p.as_dict() for p in points],
+                     "at_slo": found.best.as_dict() if found.best else None,
+                     "points": [p.as_dict() for p in found.points], "cpu_s": found.cpu_s,
                      "quoted": dict(zip(("throughput_rps", "p99_s", "cost_per_1k_tokens"), quoted, strict=True))
                      if quoted else None})
     return rows
@@ -109,16 +134,16 @@ def placements(base: ClusterConfig, gpus: int, tensor_parallel: tuple[int, ...] 
     return configs
 
 
-def placement_search(configs: list[ClusterConfig], load: Load, start_rate: float, steps: int = 2
-                     ) -> list[dict[str, Any]]:
+def placement_search(configs: list[ClusterConfig], load: Load, start_rate: float, steps: int = 2,
+                     jobs: int = 1) -> list[dict[str, Any]]:
     """Goodput per GPU (requests/s at the SLO over GPUs) of each placement, best first."""
     rows = []
-    for config in configs:
-        best, _ = rate_at_slo(functools.partial(load.run, config), start_rate, steps)
-        gpus = sum(p.gpus for p in config.pools)
+    for config, found in zip(configs, searches(configs, load, start_rate, steps, jobs, "placements"), strict=True):
+        gpus, best = sum(p.gpus for p in config.pools), found.best
         goodput = best.summary.throughput_rps if best else 0.0
         rows.append({"placement": config.name, "gpus": gpus, "goodput_rps": goodput, "goodput_per_gpu": goodput / gpus,
-                     "session_rate": best.session_rate if best else 0.0, "at_slo": best.as_dict() if best else None})
+                     "session_rate": best.session_rate if best else 0.0, "at_slo": best.as_dict() if best else None,
+                     "cpu_s": found.cpu_s})
     return sorted(rows, key=lambda row: -row["goodput_per_gpu"])
 
 

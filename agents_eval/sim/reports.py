@@ -10,6 +10,7 @@ from typing import Any
 from agents_eval.harness.report import Table
 from agents_eval.sim import experiments
 from agents_eval.sim.experiments import Load, placement_search, placements, scale_run, slo_table
+from agents_eval.sim.jobs import describe, resources
 from agents_eval.sim.model.config import cluster_config, load_sim_config
 from agents_eval.sim.plots import attainment_plot, role_timeline
 from agents_eval.sim.run import Window, simulate
@@ -53,7 +54,9 @@ def single(args: argparse.Namespace) -> Report:
 def table(args: argparse.Namespace) -> Report:
     args.out.mkdir(parents=True, exist_ok=True)
     names = experiments.MOE27B_CONFIGS + experiments.MOE27B_ABLATIONS
-    rows = slo_table([cluster_config(name) for name in names], _load(args), args.start_rate, args.search_steps)
+    with resources(args.jobs) as used:
+        rows = slo_table([cluster_config(name) for name in names], _load(args), args.start_rate, args.search_steps,
+                         args.jobs)
     for row in rows:
         row["ablation"] = row["configuration"] in experiments.MOE27B_ABLATIONS
     attainment_plot({row["configuration"]: [(p["throughput_rps"], p["attainment"]) for p in row["points"]]
@@ -73,9 +76,9 @@ def table(args: argparse.Namespace) -> Report:
              "moe27b-distserve keeps prefix caching on its prefill nodes and routes each turn to the prefill node "
              "holding the session's history; moe27b-colocated has the prefix cache every engine has by default. "
              "Ablation steps: the same deployments without a prefix cache (DistServe recomputing every turn's "
-             "whole history)."]
+             "whole history).", describe(used)]
     table_ = Table("The 27B-MoE deployment at the SLO", headers, cells)
-    return {"table": rows, "load": asdict(_load(args)), "notes": notes}, [table_]
+    return {"table": rows, "load": asdict(_load(args)), "resources": used, "notes": notes}, [table_]
 
 
 def agent_table(args: argparse.Namespace) -> Report:
@@ -102,7 +105,8 @@ def distserve(args: argparse.Namespace) -> Report:
     args.out.mkdir(parents=True, exist_ok=True)
     load = Load("sharegpt", args.warmup, args.duration, args.seed)
     configs = [cluster_config(name) for name in DISTSERVE_CLUSTERS]
-    rows = slo_table(configs, load, args.start_rate, args.search_steps)
+    with resources(args.jobs) as used:
+        rows = slo_table(configs, load, args.start_rate, args.search_steps, args.jobs)
     for row in rows:
         row.pop("quoted")
         row["goodput_rps"] = row["at_slo"]["throughput_rps"] if row["at_slo"] else 0.0
@@ -119,10 +123,11 @@ def distserve(args: argparse.Namespace) -> Report:
     notes = [f"DistServe's chatbot setting: dense13b on A100s, the sharegpt workload (DistServe's OPT-13B ShareGPT "
              f"lengths), SLO {targets} at 90% attainment; goodput: requests/s at the highest load meeting it. "
              "DistServe's own records (report.json `distserve_measured`): its 3-GPU deployment passes 90% up to about "
-             "1.6 requests/s per GPU, vLLM on 1 GPU is under 90% already at 1 request/s per GPU: a ratio above 1.6."]
+             "1.6 requests/s per GPU, vLLM on 1 GPU is under 90% already at 1 request/s per GPU: a ratio above 1.6.",
+             describe(used)]
     return ({"distserve": rows, "ratio_per_gpu": ratio, "load": asdict(load), "distserve_measured": DISTSERVE_MEASURED,
              "summary": {"ratio_per_gpu": ratio, **{r["configuration"]: r["goodput_per_gpu"] for r in rows}},
-             "notes": notes}, [_distserve_table(rows, ratio)])
+             "resources": used, "notes": notes}, [_distserve_table(rows, ratio)])
 
 
 def _distserve_table(rows: list[dict[str, Any]], ratio: float | None) -> Table:
@@ -137,7 +142,8 @@ def _distserve_table(rows: list[dict[str, Any]], ratio: float | None) -> Table:
 def placement(args: argparse.Namespace) -> Report:
     base = cluster_config(args.placement_cluster)
     configs = placements(base, args.placement, tuple(args.tensor_parallel))
-    rows = placement_search(configs, _load(args), args.start_rate, args.search_steps)
+    with resources(args.jobs) as used:
+        rows = placement_search(configs, _load(args), args.start_rate, args.search_steps, args.jobs)
     cells = [[r["placement"], str(r["gpus"]), f"{r['session_rate']:.3g}", f"{r['goodput_rps']:.2f}",
               f"{r['goodput_per_gpu']:.3f}"] for r in rows]
     controller = ("; the capacity controller on, so a placement is the split each run starts from and the devices "
@@ -145,10 +151,10 @@ def placement(args: argparse.Namespace) -> Report:
     notes = [f"DistServe's placement search for {base.model} on {args.placement} GPUs: every split of whole nodes "
              f"between prefill ({base.pools[0].device}) and decode ({base.pools[-1].device}), each phase at "
              f"tensor parallel {', '.join(map(str, args.tensor_parallel))}, routed and configured as {base.name}"
-             f"{controller}. Goodput: requests/s at the SLO (90% meet TTFT and TPOT)."]
+             f"{controller}. Goodput: requests/s at the SLO (90% meet TTFT and TPOT).", describe(used)]
     headers = ["placement", "GPUs", "sessions/s at SLO", "goodput req/s", "goodput per GPU"]
     return ({"placement": rows, "gpus": args.placement, "base": base.name, "load": asdict(_load(args)),
-             "tensor_parallel": args.tensor_parallel, "notes": notes},
+             "tensor_parallel": args.tensor_parallel, "resources": used, "notes": notes},
             [Table("Placement search (best first)", headers, cells)])
 
 

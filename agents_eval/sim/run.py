@@ -6,8 +6,9 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import simpy
@@ -58,9 +59,11 @@ class Window:
 
 
 def simulate(config: ClusterConfig, sessions: list[SimSession], window: Window = Window(),
-             policy: CapacityPolicy | None = None) -> tuple[Cluster, Summary]:
+             policy: CapacityPolicy | None = None, until_judged: bool = False) -> tuple[Cluster, Summary]:
     """Play `sessions` on the cluster; with `config.controller`, `policy` (default: the config's own
-    `CapacityPolicy`) moves its workers."""
+    `CapacityPolicy`) moves its workers. With `until_judged` the run ends once every request arriving before the
+    window's end has its last token: what follows cannot change those requests' figures (the sessions' later turns,
+    about half of a 40 s window's run; the summary's `steps` and `role_changes` then count up to that end)."""
     env = simpy.Environment()
     cluster = build_cluster(env, config)
     settings = CapacitySettings(**config.capacity)
@@ -69,9 +72,18 @@ def simulate(config: ClusterConfig, sessions: list[SimSession], window: Window =
     plays = [env.process(gateway.play(s, system[:s.system_tokens])) for s in sessions]
     if config.controller:
         env.process(control(gateway, policy or CapacityPolicy(settings)))
+    end: simpy.Event = simpy.AllOf(env, plays)
+    if until_judged and math.isfinite(window.end_s):
+        end = simpy.AnyOf(env, [end, env.process(_judged_done(env, gateway, window.end_s))])
     with _collector_off():
-        env.run(until=simpy.AllOf(env, plays))
+        env.run(until=end)
     return cluster, summarize(cluster.log, config, cluster.price_per_hour(), window)
+
+
+def _judged_done(env: simpy.Environment, gateway: Gateway, end_s: float) -> Generator[simpy.Event, Any, None]:
+    """Succeeds when every request that arrived before `end_s` is done (those after it are not judged)."""
+    yield env.timeout(end_s)
+    yield simpy.AllOf(env, [r.done for r in gateway.live if r.arrival_s < end_s])
 
 
 @contextlib.contextmanager

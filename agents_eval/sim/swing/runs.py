@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import bisect
 import random
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from agents_eval.sim.jobs import in_processes
 from agents_eval.sim.model.config import ClusterConfig
 from agents_eval.sim.model.controller import PlannedSplit
 from agents_eval.sim.model.records import Decided, RoleChange
@@ -161,8 +161,9 @@ def run_all(base: ClusterConfig, load: SwingLoad, jobs: int = 2) -> dict[str, Sw
     workers = base_workers(base)
     configs = [split_config(base, base.pools[0].workers, True)]
     configs += [split_config(base, prefill, False) for prefill in range(1, workers)]
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        runs = {run.name: run for run in pool.map(run_one, configs, [load] * len(configs))}
+    done = in_processes(run_one, [(config, load) for config in configs], [c.name for c in configs], jobs,
+                        "swing configurations")
+    runs = {run.name: run for run in done}
     fixed = [runs[c.name] for c in configs[1:]]
     planned = best_split_per_window(fixed)
     config = split_config(base, planned[0], True).model_copy(update={"name": "planned"})
