@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import time
 from dataclasses import asdict
 from typing import Any
 
@@ -178,8 +177,8 @@ def swing(args: argparse.Namespace) -> Report:
     base = cluster_config(args.swing_cluster)
     load = sw.SwingLoad(sw.SwingPlan.drawn(args.seed, args.duration), args.capacity_rate or swing_capacity_rate(),
                         args.workload, args.warmup, args.seed)
-    started = time.monotonic()
-    runs = sw.run_all(base, load, args.jobs)
+    with resources(args.jobs) as used:
+        runs = sw.run_all(base, load, args.jobs)
     workers = sw.base_workers(base)
     fixed = [runs[name] for name in runs if name.startswith("fixed")]
     static_prefill = sw.static_split(load.plan, sw.best_split_per_window(fixed), workers)
@@ -194,9 +193,9 @@ def swing(args: argparse.Namespace) -> Report:
                                                    "windows": load.plan.schedule()},
             "shifts": shift_rows, "moves_per_window": move_rows, "configurations": rows, "static": static,
             "planned": sw.best_split_per_window(fixed),
-            "goals": goal_rows, "wall_s": time.monotonic() - started,
+            "goals": goal_rows, "wall_s": used["wall_s"], "resources": used,
             "summary": {g["name"]: g["met"] for g in goal_rows},
-            "notes": [sr.NOTE]}
+            "notes": [sr.NOTE, describe(used)]}
     return data, sr.tables(shift_rows, move_rows, rows, goal_rows)
 
 

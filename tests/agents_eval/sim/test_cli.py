@@ -27,6 +27,9 @@ def test_the_placement_search_places_the_named_cluster_with_its_controller(tmp_p
     assert report["base"] == "moe27b-agent" and [r["placement"] for r in report["placement"]] == [
         "1 a800 tp8 + 1 h100 tp8"]
     assert "capacity controller on" in report["notes"][0]
+    used = report["resources"]  # what the search cost, its 2 jobs' processes included
+    assert used["jobs"] == 2 and used["cpu_s"] > 0 and used["wall_s"] > 0 and len(used["load_average_end"]) == 3
+    assert "2 jobs at a time" in report["notes"][-1]
 
 
 def test_an_unknown_placement_cluster_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
