@@ -37,6 +37,7 @@ class RequestTrace:
     first_token_at: float | None = None
     last_token_at: float | None = None
     generation_tokens: int = 0
+    admission_wait_s: float = 0.0  # in the gateway's admission line: not the gateway's own overhead
 
 
 @dataclass
@@ -45,6 +46,7 @@ class Histograms:
     itl: Histogram
     e2e: Histogram
     queue_time: Histogram
+    admission_wait: Histogram
     gateway_overhead: Histogram
 
 
@@ -95,9 +97,12 @@ def _histograms(registry: CollectorRegistry) -> Histograms:
         e2e=histogram("e2e_request_latency_seconds", "End-to-end request latency.", LATENCY_BUCKETS),
         queue_time=histogram("request_queue_time_seconds", "Time requests spent waiting in the engine queue.",
                              LATENCY_BUCKETS),
+        admission_wait=Histogram(PREFIX + "admission_wait_seconds", "Time requests waited in the gateway's "
+                                 "admission line, by outcome: admitted, or refused (503) once the wait would break "
+                                 "the TTFT budget.", ("outcome",), buckets=LATENCY_BUCKETS, registry=registry),
         gateway_overhead=histogram("gateway_overhead_seconds", "Time the gateway spends on a request before "
-                                   "handing it to the engine (session load, tokenizing, pruning, routing).",
-                                   OVERHEAD_BUCKETS))
+                                   "handing it to the engine (session load, tokenizing, pruning, routing), its "
+                                   "wait in the admission line excluded.", OVERHEAD_BUCKETS))
 
 
 def _counters(registry: CollectorRegistry) -> Counters:
@@ -190,8 +195,13 @@ class Metrics:
     def request_started(self, endpoint: str, now: float | None = None) -> RequestTrace:
         return RequestTrace(endpoint, _now(now))
 
+    def admission_waited(self, trace: RequestTrace, seconds: float, admitted: bool) -> None:
+        trace.admission_wait_s = seconds
+        self.histograms.admission_wait.labels("admitted" if admitted else "refused").observe(max(0.0, seconds))
+
     def handed_to_engine(self, trace: RequestTrace, now: float | None = None) -> None:
-        self.histograms.gateway_overhead.observe(max(0.0, _now(now) - trace.arrived_at))
+        overhead = _now(now) - trace.arrived_at - trace.admission_wait_s
+        self.histograms.gateway_overhead.observe(max(0.0, overhead))
 
     def first_token(self, trace: RequestTrace, num_tokens: int = 1, now: float | None = None) -> None:
         now = _now(now)

@@ -81,7 +81,9 @@ async def generate_choices(gw: GatewayState, prompt: Sequence[int], params: list
     trace = gw.metrics.request_started(stats.endpoint)
     decode = sum(gw.signals.expected_output_tokens(stats.session_id, p.max_tokens) for p in params)
     key = stats.session_id or f"prompt-{hash(tuple(prompt))}"  # a refused request's retry keeps its place
+    in_line = time.monotonic()
     decision = await gw.admission_queue.admit(request_id, stats.prefill_estimate, key, decode, len(params))
+    gw.metrics.admission_waited(trace, time.monotonic() - in_line, decision.admit)
     if not decision.admit:
         gw.metrics.rejected(decision.reason)
         raise _overloaded(decision)

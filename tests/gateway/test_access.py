@@ -105,3 +105,7 @@ def test_admission_control_rejects_early_with_retry_after() -> None:
         second = httpx.post(f"{url}/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES})
         assert second.status_code == 503 and second.json()["error"]["code"] == "overloaded"
         assert int(second.headers["retry-after"]) >= 1
+        text = httpx.get(f"{url}/metrics").text
+    waits = {s.labels["outcome"]: s.value for family in text_string_to_metric_families(text)
+             for s in family.samples if s.name == "agentserve:admission_wait_seconds_count"}
+    assert waits == {"admitted": 1, "refused": 1}  # each request's wait in line, by how it ended

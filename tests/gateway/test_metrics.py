@@ -8,7 +8,7 @@ from engine.core.stats import EngineStats
 from gateway.metrics import Metrics
 
 HISTOGRAMS = ["time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
-              "request_queue_time_seconds", "gateway_overhead_seconds"]
+              "request_queue_time_seconds", "admission_wait_seconds", "gateway_overhead_seconds"]
 COUNTERS = ["prompt_tokens", "generation_tokens", "cached_tokens", "pruned_tokens", "masked_tokens",
             "prefix_cache_queries", "prefix_cache_hits", "requests", "turns", "rejected_requests",
             "aborted_requests"]
@@ -86,6 +86,20 @@ def test_a_streamed_request_lifecycle() -> None:
     assert value(samples, "request_queue_time_seconds_count") == 1
     assert value(samples, "gateway_overhead_seconds_bucket", le="0.0025") == 1
     assert value(samples, "gateway_overhead_seconds_bucket", le="0.001") == 0
+
+
+def test_the_wait_in_the_admission_line_is_its_own_figure_not_the_gateways_overhead() -> None:
+    metrics = Metrics()
+    admitted = metrics.request_started("chat", now=10.0)
+    metrics.admission_waited(admitted, 2.0, admitted=True)
+    metrics.handed_to_engine(admitted, now=12.003)
+    metrics.admission_waited(metrics.request_started("chat", now=11.0), 40.0, admitted=False)
+    _, samples = scrape(metrics)
+    assert value(samples, "admission_wait_seconds_sum", outcome="admitted") == 2.0
+    assert value(samples, "admission_wait_seconds_bucket", outcome="refused", le="30.0") == 0
+    assert value(samples, "admission_wait_seconds_count", outcome="refused") == 1
+    assert value(samples, "gateway_overhead_seconds_bucket", le="0.005") == 1  # 3 ms, the 2 s in line excluded
+    assert value(samples, "gateway_overhead_seconds_bucket", le="0.0025") == 0
 
 
 def test_token_before_first_token_counts_as_the_first() -> None:
