@@ -2,6 +2,8 @@
 
 - `baseline`, `disaggregated`, `agent`: agentserve's own engine, the configurations of the agent benchmark
   (agents_eval/bench/agent/configs.py), each its gateway process with that configuration's environment;
+- `colocated`: `agentserve serve` as it starts, one engine on all `threads` (prefix caching, sessions, pruning
+  and masks: the agent benchmark's `pruning` configuration);
 - `llama-server`: llama.cpp's server alone, `threads` threads, a slot per agent (`max_agents`), one KV pool of
   `kv_tokens`, its prompt cache; the client resends the whole history (it keeps no session);
 - `agentserve-upstreams`: agentserve's gateway (sessions, session-affine routing) in front of two llama-servers
@@ -34,7 +36,9 @@ from agents_eval.harness.servers.litellm_proxy import (
 from agents_eval.harness.servers.llama_server import LlamaServerOptions, running_llama_server
 from agents_eval.harness.servers.process import ServerProcess
 
-AGENTSERVE_CONFIGS = ("baseline", "disaggregated", "agent")
+# deployment -> the agent benchmark's configuration it runs
+ENGINE_CONFIGS = {"baseline": "baseline", "colocated": "pruning", "disaggregated": "disaggregated", "agent": "agent"}
+AGENTSERVE_CONFIGS = tuple(ENGINE_CONFIGS)
 LLAMA_SERVER = "llama-server"
 AGENTSERVE_UPSTREAMS = "agentserve-upstreams"
 LITELLM_UPSTREAMS = "litellm-upstreams"
@@ -84,13 +88,13 @@ def running_deployment(name: str, options: DeploymentOptions,
 
 @contextlib.contextmanager
 def _agentserve(name: str, options: DeploymentOptions, log_dir: Path) -> Iterator[Endpoint]:
-    config = CONFIGS[name]
-    env = gateway_env(name, options.env)
+    config = CONFIGS[ENGINE_CONFIGS[name]]
+    env = gateway_env(config.name, options.env)
     with running_gateway(options.model, env, log_dir / f"{name}.log") as gateway:
         deployment = config.deployment(options.threads // threads_per_worker(options.env),
                                        threads_per_worker(options.env))
         yield Endpoint(gateway.url, config.sessions, options.client, None,
-                       {"server": "agentserve", "config": name, **deployment}, gateway.env)
+                       {"server": "agentserve", "config": config.name, **deployment}, gateway.env)
 
 
 def llama_options(options: DeploymentOptions, share: int) -> LlamaServerOptions:

@@ -11,6 +11,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from agents_eval.bench.agent.configs import CONFIGS
+from agents_eval.bench.agent.run import gateway_env
 from agents_eval.bench.agent.workload import WorkloadOptions
 from agents_eval.bench.deployments.closed_loop import (
     agents_held,
@@ -18,6 +20,7 @@ from agents_eval.bench.deployments.closed_loop import (
     most_agents_held,
     run_agents,
 )
+from agents_eval.bench.deployments.deployments import DEPLOYMENTS, ENGINE_CONFIGS
 from agents_eval.bench.deployments.figures import cut_short, goals
 from agents_eval.bench.deployments.settings import ClosedLoopSettings, interleaved
 from agents_eval.harness.client import Reply, SessionClient
@@ -114,11 +117,23 @@ def test_steps_stopped_by_a_miss_are_not_cut_short() -> None:
 
 
 def test_deployments_run_interleaved_and_rotated() -> None:
-    names = ("baseline", "disaggregated", "agent", "llama-server", "agentserve-upstreams", "litellm-upstreams")
-    assert interleaved(names) == ("llama-server", "baseline", "litellm-upstreams", "disaggregated", "agent",
-                                  "agentserve-upstreams")
+    names = ("baseline", "colocated", "disaggregated", "agent", "llama-server", "agentserve-upstreams",
+             "litellm-upstreams")
+    assert names == DEPLOYMENTS
+    assert interleaved(names) == ("llama-server", "baseline", "litellm-upstreams", "colocated", "disaggregated",
+                                  "agent", "agentserve-upstreams")
     settings = ClosedLoopSettings(WorkloadOptions("coding-agent"), names, rotate=1)
     assert settings.ordered()[0] == "baseline" and settings.ordered()[-1] == "llama-server"
+
+
+def test_colocated_is_agentserve_serve_as_it_starts_one_engine_on_every_core() -> None:
+    config = CONFIGS[ENGINE_CONFIGS["colocated"]]
+    deployment = config.deployment(2, 1)
+    assert (deployment["kind"], deployment["processes"], deployment["threads"]) == ("colocated", 1, 2)
+    env = gateway_env(config.name, {})
+    assert env["AGENTSERVE_DISAGGREGATED"] == "false" and env["AGENTSERVE_ENGINE_NUM_THREADS"] == "2"
+    assert env["AGENTSERVE_TRAJECTORY_PRUNE"] == env["AGENTSERVE_TRAJECTORY_MASKS__ENABLED"] == "true"
+    assert config.sessions and config.prefix_caching
 
 
 def figures(agents: int, batch_s: float | None, per_call_s: float) -> dict[str, Any]:
