@@ -181,7 +181,8 @@ def swing(args: argparse.Namespace) -> Report:
         runs = sw.run_all(base, load, args.jobs)
     workers = sw.base_workers(base)
     fixed = [runs[name] for name in runs if name.startswith("fixed")]
-    static_prefill = sw.static_split(load.plan, sw.best_split_per_window(fixed), workers)
+    planned = sw.best_split_per_window(fixed)
+    static_prefill = sw.static_split(load.plan, planned, workers)
     static = f"fixed {static_prefill}P/{workers - static_prefill}D"
     shift_rows = sr.shifts(runs["controller"], load.plan, args.warmup, workers, sr.demands_capacity(fixed, load.plan))
     move_rows = sr.moves(runs["controller"], load.plan)
@@ -192,7 +193,7 @@ def swing(args: argparse.Namespace) -> Report:
                                                    "warmup_s": load.warmup_s, "sessions": len(load.sessions()),
                                                    "windows": load.plan.schedule()},
             "shifts": shift_rows, "moves_per_window": move_rows, "configurations": rows, "static": static,
-            "planned": sw.best_split_per_window(fixed),
+            "planned": planned,
             "goals": goal_rows, "wall_s": used["wall_s"], "resources": used,
             "summary": {g["name"]: g["met"] for g in goal_rows},
             "notes": [sr.NOTE, describe(used)]}

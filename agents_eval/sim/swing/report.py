@@ -29,9 +29,9 @@ NOTE = ("Simulated: the capacity controller (engine.capacity.policy), the KV-awa
         "each window's start, the fixed split that met the SLO most often in that window (ties: lower p99 TTFT). "
         "static: the split sized for the average, planned's splits averaged over the swing's time. Goodput: "
         "requests meeting both SLO targets per second. A shift demands capacity where the split that served the "
-        "window before it best has "
-        "fewer workers in the new phase's role than the new window's best and meets the SLO in it at least 1% less "
-        "often; the shift goals judge those shifts (elsewhere the right move is none, judged by the moves).")
+        "window before it best has fewer workers in the new phase's role than the new window's best and meets the "
+        "SLO in it at least 1% less often; the shift goals judge those shifts (elsewhere the right move is none, "
+        "judged by the moves).")
 
 
 def demands_capacity(fixed: list[SwingRun], plan: SwingPlan) -> list[bool]:
