@@ -87,8 +87,8 @@ class Gauges:
 
 
 def _histograms(registry: CollectorRegistry) -> Histograms:
-    def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-        return Histogram(PREFIX + name, doc, buckets=buckets, registry=registry)
+    def histogram(name: str, doc: str, buckets: tuple[float, ...], labels: tuple[str, ...] = ()) -> Histogram:
+        return Histogram(PREFIX + name, doc, labels, buckets=buckets, registry=registry)
 
     return Histograms(
         ttft=histogram("time_to_first_token_seconds", "Time to first token, from arrival at the gateway.",
@@ -97,9 +97,9 @@ def _histograms(registry: CollectorRegistry) -> Histograms:
         e2e=histogram("e2e_request_latency_seconds", "End-to-end request latency.", LATENCY_BUCKETS),
         queue_time=histogram("request_queue_time_seconds", "Time requests spent waiting in the engine queue.",
                              LATENCY_BUCKETS),
-        admission_wait=Histogram(PREFIX + "admission_wait_seconds", "Time requests waited in the gateway's "
-                                 "admission line, by outcome: admitted, or refused (503) once the wait would break "
-                                 "the TTFT budget.", ("outcome",), buckets=LATENCY_BUCKETS, registry=registry),
+        admission_wait=histogram("admission_wait_seconds", "Time requests waited in the gateway's admission line, "
+                                 "by outcome: admitted, or refused (503) once the wait would break the TTFT budget.",
+                                 LATENCY_BUCKETS, ("outcome",)),
         gateway_overhead=histogram("gateway_overhead_seconds", "Time the gateway spends on a request before "
                                    "handing it to the engine (session load, tokenizing, pruning, routing), its "
                                    "wait in the admission line excluded.", OVERHEAD_BUCKETS))
