@@ -25,6 +25,7 @@ from engine.core.slo import load_slo_config
 
 WINDOW_S = (15.0, 60.0)  # a window's length is drawn from this range
 LOAD = (0.5, 0.9)  # and its load, a share of the deployment's capacity at the SLO
+DEMAND_GAIN = 0.01  # a move at a window's start is worth at least this much SLO attainment in the window
 
 
 @dataclass(frozen=True)
@@ -124,9 +125,11 @@ class SwingRun:
 
 
 def run_one(config: ClusterConfig, load: SwingLoad, planned: tuple[int, ...] | None = None) -> SwingRun:
-    """One configuration through the swing; `planned`: the prefill workers to pin in each plan window."""
+    """One configuration through the swing; `planned`: the prefill workers to pin in each plan window. The run ends
+    once every request arriving before the swing's end has its last token (the sessions' later turns are not
+    judged; moves while they drain belonged to no window)."""
     policy = _planned_policy(config, load.plan, planned) if planned is not None else None
-    cluster, summary = simulate(config, load.sessions(), load.window, policy)
+    cluster, summary = simulate(config, load.sessions(), load.window, policy, until_judged=True)
     log = cluster.log
     return SwingRun(config.name, summary, per_window(config, load, log.requests), log.role_changes,
                     log.roles_applied, log.decisions, log.splits)
@@ -156,28 +159,34 @@ def per_window(config: ClusterConfig, load: SwingLoad, requests: list[Any]) -> l
 
 
 def run_all(base: ClusterConfig, load: SwingLoad, jobs: int = 2) -> dict[str, SwingRun]:
-    """The controller and every fixed split (in `jobs` processes), then `planned` from the fixed splits'
-    per-window results."""
+    """Every fixed split (in `jobs` processes), then the controller beside `planned`, which the fixed splits'
+    per-window results choose: with two jobs, three rounds of runs instead of four."""
     workers = base_workers(base)
-    configs = [split_config(base, base.pools[0].workers, True)]
-    configs += [split_config(base, prefill, False) for prefill in range(1, workers)]
-    done = in_processes(run_one, [(config, load) for config in configs], [c.name for c in configs], jobs,
-                        "swing configurations")
-    runs = {run.name: run for run in done}
-    fixed = [runs[c.name] for c in configs[1:]]
-    planned = best_split_per_window(fixed)
-    config = split_config(base, planned[0], True).model_copy(update={"name": "planned"})
-    runs["planned"] = run_one(config, load, planned)
-    return runs
+    fixed = [split_config(base, prefill, False) for prefill in range(1, workers)]
+    runs = {run.name: run for run in in_processes(run_one, [(c, load) for c in fixed], [c.name for c in fixed],
+                                                  jobs, "swing: fixed splits")}
+    planned = best_split_per_window([runs[c.name] for c in fixed])
+    controller = split_config(base, base.pools[0].workers, True)
+    oracle = split_config(base, planned[0], True).model_copy(update={"name": "planned"})
+    last = in_processes(run_one, [(controller, load), (oracle, load, planned)], ["controller", "planned"], jobs,
+                        "swing: controller and planned")
+    return {"controller": last[0], **runs, "planned": last[1]}
 
 
 def best_split_per_window(fixed: list[SwingRun]) -> tuple[int, ...]:
-    """For each window, the prefill workers of the fixed split whose requests arriving in it met the SLO most
-    often (ties: the lower p99 TTFT). `fixed` is ordered by prefill workers, from 1."""
-    best = []
+    """For each window, the prefill workers of the planned oracle: in the first window the fixed split whose
+    requests arriving in it met the SLO most often (ties: the lower p99 TTFT); in each later one the split held
+    from the window before, unless another met the SLO in this window at least `DEMAND_GAIN` more often (then the
+    one that met it most). A move is not free (a moved decode node takes its sessions' pinned KV with it), so the
+    oracle moves where a move buys attainment, not a lower p99 TTFT at equal attainment. `fixed` is ordered by
+    prefill workers, from 1."""
+    best: list[int] = []
     for index in range(len(fixed[0].windows)):
         scores = [(run.windows[index]["attainment"], -run.windows[index]["ttft_p99_s"]) for run in fixed]
-        best.append(1 + max(range(len(fixed)), key=lambda k: scores[k]))
+        top = 1 + max(range(len(fixed)), key=lambda k: scores[k])
+        if best and scores[top - 1][0] - scores[best[-1] - 1][0] < DEMAND_GAIN:
+            top = best[-1]
+        best.append(top)
     return tuple(best)
 
 

@@ -36,16 +36,19 @@ def test_the_controller_moves_a_node_to_prefill_in_the_think_window() -> None:
     load = sw.SwingLoad(plan, capacity_rate=4.0, warmup_s=10.0)
     runs = sw.run_all(_small(), load, jobs=1)
     assert set(runs) == {"controller", "fixed 1P/2D", "fixed 2P/1D", "planned"}
-    # the oracle: the think window is served best with two prefill nodes, the act window after it with one (the
-    # first window, sessions starting with their whole system prompt and issue, is prefill-heavy too)
-    assert sw.best_split_per_window([runs["fixed 1P/2D"], runs["fixed 2P/1D"]])[1:] == (2, 1)
+    # the think window's prompts keep two prefill nodes busy: 2P/1D's p99 TTFT there is the lower; the oracle,
+    # which moves only where a move buys attainment, holds the first window's 2P/1D (its sessions start with their
+    # whole system prompt and issue, prefill-heavy too)
+    fixed = [runs["fixed 1P/2D"], runs["fixed 2P/1D"]]
+    assert fixed[1].windows[1]["ttft_p99_s"] < fixed[0].windows[1]["ttft_p99_s"]
+    assert sw.best_split_per_window(fixed) == (2, 2, 2)
     think = next(r for r in swing_report.shifts(runs["controller"], plan, 10.0, 3) if r["shift_to"] == "think")
     assert think["serving_ms"] is not None and think["serving_ms"] < 30_000
     first = min(runs["controller"].role_changes, key=lambda c: c.at_s)
     assert first.role == "prefill" and 30.0 <= first.at_s < 60.0
     applied = min(runs["controller"].roles_applied, key=lambda c: c.at_s)
     assert applied.worker_id == first.worker_id and applied.at_s >= first.at_s + _small().role_switch_s
-    assert 1 <= sw.static_split(plan, sw.best_split_per_window([runs["fixed 1P/2D"], runs["fixed 2P/1D"]]), 3) <= 2
+    assert sw.static_split(plan, sw.best_split_per_window(fixed), 3) == 2
 
 
 def test_the_static_split_is_the_windows_splits_averaged_over_time() -> None:
@@ -79,6 +82,28 @@ def test_a_shift_demands_capacity_only_where_moving_buys_attainment() -> None:
                          sw.SwingWindow(60, 90, "act", 1.0), sw.SwingWindow(90, 120, "think", 1.0)))
     fixed = [_fixed("fixed 1P/2D", (1.0, 0.8, 1.0, 0.995)), _fixed("fixed 2P/1D", (0.9, 1.0, 0.7, 1.0))]
     assert swing_report.demands_capacity(fixed, plan) == [False, True, True, False]
+
+
+def test_the_oracle_moves_only_where_a_move_buys_attainment() -> None:
+    """Equal attainment with a lower p99 TTFT elsewhere is no reason to move (a move takes pinned KV with it);
+    0.005 more attainment is not either; 0.2 more is."""
+    fixed = [_fixed("fixed 1P/2D", (1.0, 1.0, 0.995, 0.8)), _fixed("fixed 2P/1D", (1.0, 1.0, 1.0, 1.0))]
+    fixed[1].windows[0]["ttft_p99_s"] = fixed[1].windows[1]["ttft_p99_s"] = 0.05
+    assert sw.best_split_per_window(fixed) == (2, 2, 2, 2)  # the first window: the tie goes to the lower p99 TTFT
+    fixed[1].windows[0]["ttft_p99_s"] = 0.2
+    assert sw.best_split_per_window(fixed) == (1, 1, 1, 2)
+
+
+def test_the_moves_goal_leaves_out_windows_within_the_warm_up() -> None:
+    plan = sw.SwingPlan((sw.SwingWindow(0, 30, "think", 1.0), sw.SwingWindow(30, 60, "act", 1.0)))
+    changes = [RoleChange(5.0, 1, "prefill"), RoleChange(9.0, 2, "prefill"), RoleChange(40.0, 1, "decode")]
+    run = sw.SwingRun("controller", summary=None, windows=[], role_changes=changes)  # type: ignore[arg-type]
+    rows = swing_report.moves(run, plan, warmup_s=30.0)
+    assert [(r["prefill"], r["decode"], r["judged"]) for r in rows] == [(2, 0, False), (0, 1, True)]
+    config = {"goodput_rps": 1.0, "ttft_p99_s": 0.1}
+    configurations = {"controller": config, "fixed 1P/2D": config}
+    most = swing_report.goals([], rows, configurations, "fixed 1P/2D")[2]
+    assert most["measured"] == 1 and most["met"]
 
 
 def test_moves_after_the_swings_end_belong_to_no_window() -> None:
