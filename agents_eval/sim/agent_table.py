@@ -4,7 +4,8 @@ one worker on this host. The real benchmark runs them on two shared cores, where
 workers take turns on the same CPUs; this is what they do when a worker is a unit of capacity. Simulated.
 
 The three, on `workers` one-thread workers:
-- baseline: every worker a colocated engine (data parallel, least-loaded routing), no prefix cache, no pins;
+- baseline: every worker a colocated engine (data parallel, least-loaded routing) with prefix caching on, as
+  the benchmark's `baseline` (a user's default deployment: replicas, vLLM's default cache), no pins;
 - disaggregated (DistServe): half the workers prefill, the rest decode, every prompt prefilled remotely, a fixed
   split, prefix caching, load-only routing;
 - agent: the same split to start from, prefix caching, the session's KV pinned over the tool gap, KV-aware routing
@@ -69,10 +70,10 @@ def agent_clusters(calibration: Path, workers: int = 2, slo: SloClass | None = N
     split = (_pool("prefill", workers // 2), _pool("decode", workers - workers // 2))
     baseline = ClusterConfig(name="baseline", model=calibrated.model, dtype=calibrated.dtype,
                              pools=(_pool("colocated", workers),), transport="shm",
-                             engine=knobs.model_copy(update={"prefix_caching": False}),
+                             engine=knobs,
                              calibration=str(calibration), worker_processes=True, capacity={"overlap_weight": 0.0},
                              slo=slo or SloClass(ttft_s=DEFAULT_SLO.ttft_s, tpot_s=DEFAULT_SLO.tpot_s))
-    disaggregated = baseline.model_copy(update={"name": "disaggregated", "pools": split, "engine": knobs,
+    disaggregated = baseline.model_copy(update={"name": "disaggregated", "pools": split,
                                                 "capacity": {"overlap_weight": 0.0, **ALWAYS_REMOTE}})
     agent = disaggregated.model_copy(update={"name": "agent", "capacity": {"min_per_role": 0},
                                              "session_ttl_s": SESSION_TTL_S, "controller": True})

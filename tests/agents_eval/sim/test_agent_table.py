@@ -25,7 +25,7 @@ def _calibration(tmp_path: Path, step_s: float = 0.002, per_seq_s: float = 0.000
 def test_the_three_configurations_switch_on_what_the_benchmark_does(tmp_path: Path) -> None:
     baseline, disaggregated, agent = agent_clusters(_calibration(tmp_path), workers=4)
     assert [p.role for p in baseline.pools] == ["colocated"] and baseline.pools[0].workers == 4
-    assert not baseline.engine.prefix_caching and baseline.session_ttl_s is None and not baseline.controller
+    assert baseline.engine.prefix_caching and baseline.session_ttl_s is None and not baseline.controller
     assert [(p.role, p.workers) for p in disaggregated.pools] == [("prefill", 2), ("decode", 2)]
     assert disaggregated.engine.prefix_caching and not disaggregated.controller
     assert disaggregated.capacity["local_prefill_max_tokens"] == 0  # every prompt prefilled remotely
