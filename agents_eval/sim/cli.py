@@ -124,10 +124,15 @@ def _validation(args: argparse.Namespace) -> tuple[dict[str, Any], list[Table]]:
         data["validation"]["ratios"] = ratios
         data["goals"] = [ratios["goal"]]
         tables.append(Table("Ratios: simulated against measured (median of the runs given)",
-                            ["ratio", "simulated", "measured", "relative error"],
-                            [[r["ratio"], _fmt(r["simulated"]), _fmt(r["measured"]), _fmt(r["relative_error"])]
-                             for r in ratios["rows"]]))
+                            ["ratio", "simulated", "measured", "relative error", "measured bracket", "in it"],
+                            [[r["ratio"], _fmt(r["simulated"]), _fmt(r["measured"]), _fmt(r["relative_error"]),
+                              _bracket(r["measured_bracket"]),
+                              {None: "-", True: "yes", False: "no"}[r["within_bracket"]]] for r in ratios["rows"]]))
     return data, tables
+
+
+def _bracket(bracket: tuple[float, float] | None) -> str:
+    return "-" if bracket is None else f"[{bracket[0]:.3f}, {bracket[1]:.3f}]"
 
 
 def _fmt(value: float | None) -> str:

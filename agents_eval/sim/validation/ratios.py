@@ -40,6 +40,29 @@ def measured_ratios(reports: Iterable[Mapping[str, Any]]) -> dict[str, list[floa
     return found
 
 
+def measured_brackets(reports: Iterable[Mapping[str, Any]]) -> dict[str, list[tuple[float, float]]]:
+    """Each SLO-rate ratio's bracket as every agent benchmark report's searches left it: a configuration's SLO
+    rate is the low end of its search's bracket [passed, failed), so a/b lies in [low_a / high_b, high_a / low_b]
+    (the real search's grid, about 1.19x a step at its default precision, makes that interval ~1.4x wide)."""
+    found: dict[str, list[tuple[float, float]]] = {}
+    for report in reports:
+        if DISAGG_KEY in report:
+            continue
+        configurations = report.get("configurations", {})
+        for pair in PAIRS:
+            top, bottom = (_bracket(configurations.get(name, {})) for name in pair.split("/"))
+            if top and bottom:
+                found.setdefault(f"{report['workload']['name']} slo_rate {pair}", []).append(
+                    (top[0] / bottom[1], top[1] / bottom[0]))
+    return found
+
+
+def _bracket(row: Mapping[str, Any]) -> tuple[float, float] | None:
+    bracket: list[Any] = list((row.get("slo_search") or {}).get("bracket") or [])
+    low, high, *_ = [*bracket, None, None]
+    return (float(low), float(high)) if low and high else None
+
+
 def simulated_agent_ratios(workload: str, configurations: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
     """The same ratios from `agent_table`'s configurations: each at its own SLO rate."""
     ratios = {}
@@ -61,16 +84,23 @@ def _figure(row: Mapping[str, Any], key: str) -> float | None:
     return float(at_slo[key]) if key in at_slo else None
 
 
-def compare(simulated: Mapping[str, float], measured: Mapping[str, list[float]]) -> dict[str, Any]:
-    """One row per ratio measured: simulated, measured (median of its runs), relative error; the largest error over
-    the ratios both sides have, and the ratios only one side has."""
+def compare(simulated: Mapping[str, float], measured: Mapping[str, list[float]],
+            brackets: Mapping[str, list[tuple[float, float]]] | None = None) -> dict[str, Any]:
+    """One row per ratio measured: simulated, measured (median of its runs), relative error, and where the runs'
+    searches give one the measured bracket (the median of their low ends to the median of their high ends) and
+    whether the simulated ratio lies in it; the largest error over the ratios both sides have, and the ratios
+    only one side has."""
     rows = []
     for name, runs in sorted(measured.items()):
         value = statistics.median(runs)
         sim = simulated.get(name)
         error = abs(sim - value) / abs(value) if sim is not None and value else None
+        found = (brackets or {}).get(name)
+        bracket = (statistics.median(b[0] for b in found), statistics.median(b[1] for b in found)) if found else None
         rows.append({"ratio": name, "simulated": sim, "measured": value, "measured_runs": runs,
-                     "relative_error": error, "within": error is not None and error <= TOLERANCE})
+                     "relative_error": error, "within": error is not None and error <= TOLERANCE,
+                     "measured_bracket": bracket,
+                     "within_bracket": None if bracket is None or sim is None else bracket[0] <= sim <= bracket[1]})
     errors = [r["relative_error"] for r in rows if r["relative_error"] is not None]
     return {"max_relative_error": max(errors) if errors else None, "tolerance": TOLERANCE, "rows": rows,
             "simulated_only": sorted(set(simulated) - set(measured)),
@@ -98,7 +128,7 @@ def validate_ratios(calibration: Path, reports: Iterable[Path], workers: int = 2
         load = agents.bench_load(workload, clusters[0].model, seed=seed)
         data = agents.agent_table(clusters, load, start_rate, steps)
         simulated.update(simulated_agent_ratios(workload, data["configurations"]))
-    result = compare(simulated, measured)
+    result = compare(simulated, measured, measured_brackets(loaded))
     return {**result, "goal": goal(result)}
 
 

@@ -20,6 +20,7 @@ from agents_eval.sim.validation.ratios import (
     compare,
     goal,
     load_reports,
+    measured_brackets,
     measured_ratios,
     simulated_agent_ratios,
     validate_ratios,
@@ -50,6 +51,25 @@ def test_the_measured_ratio_is_the_median_of_the_runs(tmp_path: Path) -> None:
     # cost is not validated; NaN (not measured) is left out
     assert measured == {"swe slo_rate agent/baseline": [2.0, 2.4, 1.8],
                         "swe p99_latency agent/baseline": [0.5, 0.4, 0.6], DISAGG_TPOT: [0.8, 0.9, 1.0]}
+
+
+def _searched(low: float, high: float | None) -> dict[str, object]:
+    return {"slo_rate_sessions_per_s": low, "slo_search": {"bracket": [low, high]}}
+
+
+def test_a_slo_rate_ratio_has_the_bracket_its_searches_left() -> None:
+    """A configuration's SLO rate is its bracket's low end: agent in [12.8, 15.2), baseline in [6.4, 7.6) gives
+    agent/baseline in [12.8 / 7.6, 15.2 / 6.4); a search without a failing rate gives no bracket."""
+    reports = [{"workload": {"name": "swe"},
+                "configurations": {"agent": _searched(12.8, 15.2), "baseline": _searched(6.4, 7.6),
+                                   "disaggregated": _searched(9.0, None)}}] * 3
+    brackets = measured_brackets(reports)
+    assert list(brackets) == ["swe slo_rate agent/baseline"]
+    assert brackets["swe slo_rate agent/baseline"][0] == pytest.approx((12.8 / 7.6, 15.2 / 6.4))
+    measured = {"swe slo_rate agent/baseline": [2.0] * 3, "swe slo_rate agent/disaggregated": [1.4] * 3}
+    rows = compare({"swe slo_rate agent/baseline": 2.3, "swe slo_rate agent/disaggregated": 1.4}, measured,
+                   brackets)["rows"]
+    assert [(r["within"], r["within_bracket"]) for r in rows] == [(False, True), (True, None)]  # 15% off, inside
 
 
 def test_simulated_ratios_come_from_each_configurations_figures_at_its_slo_rate() -> None:
