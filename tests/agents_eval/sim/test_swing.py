@@ -94,7 +94,7 @@ def test_the_oracle_moves_only_where_a_move_buys_attainment() -> None:
     assert sw.best_split_per_window(fixed) == (1, 1, 1, 2)
 
 
-def test_the_moves_goal_leaves_out_windows_within_the_warm_up() -> None:
+def test_the_moves_goal_leaves_out_windows_within_the_warm_up_and_the_shift_goals_say_unexercised() -> None:
     plan = sw.SwingPlan((sw.SwingWindow(0, 30, "think", 1.0), sw.SwingWindow(30, 60, "act", 1.0)))
     changes = [RoleChange(5.0, 1, "prefill"), RoleChange(9.0, 2, "prefill"), RoleChange(40.0, 1, "decode")]
     run = sw.SwingRun("controller", summary=None, windows=[], role_changes=changes)  # type: ignore[arg-type]
@@ -102,8 +102,10 @@ def test_the_moves_goal_leaves_out_windows_within_the_warm_up() -> None:
     assert [(r["prefill"], r["decode"], r["judged"]) for r in rows] == [(2, 0, False), (0, 1, True)]
     config = {"goodput_rps": 1.0, "ttft_p99_s": 0.1}
     configurations = {"controller": config, "fixed 1P/2D": config}
-    most = swing_report.goals([], rows, configurations, "fixed 1P/2D")[2]
+    slowest, median, most = swing_report.goals([], rows, configurations, "fixed 1P/2D")[:3]
     assert most["measured"] == 1 and most["met"]
+    # no shift demands capacity: the shift goals are not exercised, and say so
+    assert slowest["measured"] is None and not slowest["met"] and slowest["note"] == median["note"]
 
 
 def test_moves_after_the_swings_end_belong_to_no_window() -> None:
