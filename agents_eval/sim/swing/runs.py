@@ -159,12 +159,15 @@ def per_window(config: ClusterConfig, load: SwingLoad, requests: list[Any]) -> l
 
 
 def run_all(base: ClusterConfig, load: SwingLoad, jobs: int = 2) -> dict[str, SwingRun]:
-    """Every fixed split (in `jobs` processes), then the controller beside `planned`, which the fixed splits'
-    per-window results choose: with two jobs, three rounds of runs instead of four."""
+    """Every fixed split (in `jobs` processes, the most prefill first: the splits short of decode build the longest
+    backlogs), then the controller beside `planned`, which the fixed splits' per-window results choose: with two
+    jobs, three rounds of runs instead of four."""
     workers = base_workers(base)
     fixed = [split_config(base, prefill, False) for prefill in range(1, workers)]
-    runs = {run.name: run for run in in_processes(run_one, [(c, load) for c in fixed], [c.name for c in fixed],
-                                                  jobs, "swing: fixed splits")}
+    longest_first = fixed[::-1]
+    done = in_processes(run_one, [(c, load) for c in longest_first], [c.name for c in longest_first], jobs,
+                        "swing: fixed splits")
+    runs = {run.name: run for run in done[::-1]}
     planned = best_split_per_window([runs[c.name] for c in fixed])
     controller = split_config(base, base.pools[0].workers, True)
     oracle = split_config(base, planned[0], True).model_copy(update={"name": "planned"})
