@@ -184,7 +184,7 @@ def swing(args: argparse.Namespace) -> Report:
     planned = sw.best_split_per_window(fixed)
     static_prefill = sw.static_split(load.plan, planned, workers)
     static = f"fixed {static_prefill}P/{workers - static_prefill}D"
-    shift_rows = sr.shifts(runs["controller"], load.plan, args.warmup, workers, sr.demands_capacity(fixed, load.plan))
+    shift_rows = sr.shifts(runs["controller"], load.plan, args.warmup, workers, sr.demands_capacity(planned, load.plan))
     move_rows = sr.moves(runs["controller"], load.plan, args.warmup)
     rows = sr.configurations(runs, static)
     goal_rows = sr.goals(shift_rows, move_rows, rows, static)

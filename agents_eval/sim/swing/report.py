@@ -13,7 +13,7 @@ from agents_eval.bench.capacity.simulated import move_events
 from agents_eval.bench.capacity.swing import RunResult
 from agents_eval.harness.report import Table
 from agents_eval.sim.model.records import Decided, RunLog
-from agents_eval.sim.swing.runs import SwingPlan, SwingRun, best_split_per_window
+from agents_eval.sim.swing.runs import SwingPlan, SwingRun
 
 GOAL_MS, AIM_MS = 500.0, 100.0
 MAX_MOVES_PER_ROLE = 1
@@ -29,23 +29,18 @@ NOTE = ("Simulated: the capacity controller (engine.capacity.policy), the KV-awa
         "each window's start, the fixed split that met the SLO most often in that window, if it met it at least 1% "
         "more often than the split held (else the split held; in the first window, ties: lower p99 TTFT). "
         "static: the split sized for the average, planned's splits averaged over the swing's time. Goodput: "
-        "requests meeting both SLO targets per second. A shift demands capacity where the split that served the "
-        "window before it best has fewer workers in the new phase's role than the new window's best and meets the "
-        "SLO in it at least 1% less often; the shift goals judge those shifts (elsewhere the right move is none, "
-        "judged by the moves).")
+        "requests meeting both SLO targets per second. A shift demands capacity where planned moves at its start "
+        "towards the new phase's role (it moves only for 1% of attainment); the shift goals judge those shifts "
+        "(elsewhere the right move is none, judged by the moves).")
 
 
-def demands_capacity(fixed: list[SwingRun], plan: SwingPlan) -> list[bool]:
+def demands_capacity(planned: tuple[int, ...], plan: SwingPlan) -> list[bool]:
     """Per window, whether the shift into it demands capacity, a property of the swing and not of the controller:
-    the planned oracle moves at its start towards the new window's role, which it does only where the move buys
-    at least `DEMAND_GAIN` of SLO attainment in the window (`best_split_per_window`). Elsewhere the split that
-    served the last window serves this one about as well, and the right move is none. `fixed` is ordered by
-    prefill workers, from 1."""
-    best, rows = best_split_per_window(fixed), [False]
-    for index in range(1, len(plan.windows)):
-        held, wanted = best[index - 1], best[index]
-        rows.append(wanted > held if plan.windows[index].phase == "think" else wanted < held)
-    return rows
+    the planned oracle's splits (`best_split_per_window`) move at its start towards the new window's role, which
+    they do only where the move buys at least `DEMAND_GAIN` of SLO attainment in the window. Elsewhere the split
+    that served the last window serves this one about as well, and the right move is none."""
+    return [False] + [wanted > held if window.phase == "think" else wanted < held
+                      for held, wanted, window in zip(planned[:-1], planned[1:], plan.windows[1:], strict=True)]
 
 
 def shifts(run: SwingRun, plan: SwingPlan, warmup_s: float, workers: int, demanded: list[bool] | None = None
@@ -140,8 +135,7 @@ def goals(shift_rows: list[dict[str, Any]], move_rows: list[dict[str, Any]], row
     fixed = {k: v for k, v in rows.items() if k.startswith("fixed")}
     best = max(fixed.values(), key=lambda v: v["goodput_rps"])
     controller = rows["controller"]
-    most = max((max(r[role] for role in ROLE_FOR.values()) for r in move_rows if r.get("judged", True)),
-               default=0)
+    most = max((max(r[role] for role in ROLE_FOR.values()) for r in move_rows if r["judged"]), default=0)
     p99 = _ratio(controller["ttft_p99_s"], min(v["ttft_p99_s"] for v in fixed.values()))
     unexercised = {} if served else {"note": NOT_EXERCISED}
     return [
@@ -181,7 +175,7 @@ def tables(shift_rows: list[dict[str, Any]], move_rows: list[dict[str, Any]], ro
     config_cells = [[name + (" (static: sized for the average)" if v["static"] else ""), f"{v['attainment']:.3f}",
                      f"{v['goodput_rps']:.1f}", ms(1000 * v["ttft_p99_s"]), ms(1000 * v["tpot_p99_s"]), str(v["moves"])]
                     for name, v in rows.items()]
-    move_cells = [[f"{r['window']} at {r['at_s']:.1f} s" + ("" if r.get("judged", True) else " (warm-up)"),
+    move_cells = [[f"{r['window']} at {r['at_s']:.1f} s" + ("" if r["judged"] else " (warm-up)"),
                    str(r["prefill"]), str(r["decode"])] for r in move_rows]
     goal_cells = [[g["name"], str(g["target"]), g["bound"], "-" if g["measured"] is None else f"{g['measured']:.3g}",
                    "not exercised" if "note" in g else "met" if g["met"] else "missed"] for g in goal_rows]

@@ -58,8 +58,7 @@ def measured_brackets(reports: Iterable[Mapping[str, Any]]) -> dict[str, list[tu
 
 
 def _bracket(row: Mapping[str, Any]) -> tuple[float, float] | None:
-    bracket: list[Any] = list((row.get("slo_search") or {}).get("bracket") or [])
-    low, high, *_ = [*bracket, None, None]
+    low, high = ((row.get("slo_search") or {}).get("bracket") or [None, None])[:2]
     return (float(low), float(high)) if low and high else None
 
 

@@ -81,7 +81,7 @@ def test_a_shift_demands_capacity_only_where_moving_buys_attainment() -> None:
     plan = sw.SwingPlan((sw.SwingWindow(0, 30, "act", 1.0), sw.SwingWindow(30, 60, "think", 1.0),
                          sw.SwingWindow(60, 90, "act", 1.0), sw.SwingWindow(90, 120, "think", 1.0)))
     fixed = [_fixed("fixed 1P/2D", (1.0, 0.8, 1.0, 0.995)), _fixed("fixed 2P/1D", (0.9, 1.0, 0.7, 1.0))]
-    assert swing_report.demands_capacity(fixed, plan) == [False, True, True, False]
+    assert swing_report.demands_capacity(sw.best_split_per_window(fixed), plan) == [False, True, True, False]
 
 
 def test_the_oracle_moves_only_where_a_move_buys_attainment() -> None:
